@@ -1,0 +1,53 @@
+"""Atomic file writes: write to a temporary sibling, then rename.
+
+An interrupted job therefore never leaves a half-written checkpoint or Parquet file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` on success.
+
+    Args:
+        path: final destination. Parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
+    """Write a pyarrow table atomically."""
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> None:
+    """Write JSON atomically (sorted keys, so equal inputs give equal bytes)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(text: str, path: str | os.PathLike) -> None:
+    """Write text atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
