@@ -6,6 +6,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+import torch
+
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,6 +36,5 @@ def state_digest(state: dict) -> str:
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
         h.update(str(t.dtype).encode())
-        h.update(t.numpy().tobytes() if t.dtype.is_floating_point is False or t.dtype != __import__("torch").bfloat16
-                 else t.float().numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes, any dtype
     return h.hexdigest()
