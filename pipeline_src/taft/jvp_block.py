@@ -1,0 +1,162 @@
+"""Closed-form JVP of timm's ViT ``Attention``, ``Mlp`` and pre-norm ``Block``.
+
+Paper: Liu, Soatto et al., "Tangent Transformers for Composition, Privacy and
+Removal", ICLR 2024 (TAFT), Sec. 3 (linearized attention and MLP).
+
+Attention per head, with timm's fused ``qkv`` layout (rows ordered qkv, head, d_h)
+and scale s = 1/√d_h:
+    S  = s·Q·Kᵀ,            P  = softmax(S),          A  = P·V
+    dS = s·(dQ·Kᵀ + Q·dKᵀ),  dP = P ⊙ (dS − rowsum(P ⊙ dS)),  dA = dP·V + P·dV
+The row sum is an O(N²) reduction (never diag(dS·Pᵀ), which is O(N³)).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from pipeline_src.taft.jvp_layers import (
+    Tangent,
+    TangentGELU,
+    TangentLayerNorm,
+    TangentLayerScale,
+    TangentLinear,
+    add_tangents,
+)
+
+
+def _require_identity(module: nn.Module, what: str) -> None:
+    if not isinstance(module, nn.Identity):
+        raise ValueError(f"TAFT: unsupported {what} ({type(module).__name__}); only nn.Identity is supported")
+
+
+def dropout_rate(module: nn.Module) -> float:
+    """Drop probability of a Dropout / DropPath / PatchDropout (0 for Identity)."""
+    for attr in ("p", "drop_prob", "prob"):
+        if hasattr(module, attr) and isinstance(getattr(module, attr), (int, float)):
+            return float(getattr(module, attr))
+    return 0.0
+
+
+class TangentAttention(nn.Module):
+    """JVP of timm ``Attention`` (fused qkv, optional qkv bias, no qk_norm/scale_norm/gate).
+
+    Args:
+        base: timm ``Attention``.
+        delta_init_std: std of the Δ init.
+        generator: CPU generator for a non-zero Δ init.
+    """
+
+    def __init__(self, base: nn.Module, delta_init_std: float = 0.0,
+                 generator: Optional[torch.Generator] = None) -> None:
+        super().__init__()
+        from timm.layers import Attention
+
+        if type(base) is not Attention:
+            raise TypeError(f"TAFT: unsupported attention module {type(base).__name__} (only timm Attention)")
+        _require_identity(base.q_norm, "attn.q_norm (qk_norm=True)")
+        _require_identity(base.k_norm, "attn.k_norm (qk_norm=True)")
+        _require_identity(base.norm, "attn.norm (scale_attn_norm=True)")
+        if getattr(base, "gate", None) is not None:
+            raise ValueError("TAFT: unsupported attn.gate (gated attention)")
+        self.num_heads = base.num_heads
+        self.head_dim = base.head_dim
+        self.attn_dim = base.attn_dim
+        self.scale = base.scale
+        self.qkv = TangentLinear(base.qkv, delta_init_std, generator)
+        self.proj = TangentLinear(base.proj, delta_init_std, generator)
+
+    def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
+        B, N, _ = x.shape
+        H, dh = self.num_heads, self.head_dim
+        qkv, dqkv = self.qkv(x, t)  # (B, N, 3·H·dh) each
+        q, k, v = qkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, N, dh)
+        dq, dk, dv = dqkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        q = q * self.scale
+        dq = dq * self.scale
+        p = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N); primal, no grad needed
+        # dS = [dQ, Q]·[K, dK]ᵀ: one batched matmul over a 2·dh inner dim.
+        ds = torch.cat([dq, q.expand_as(dq)], dim=-1) @ torch.cat([k.expand_as(dk), dk], dim=-1).transpose(-2, -1)
+        pds = p * ds
+        dp = pds - p * pds.sum(dim=-1, keepdim=True)  # (B, H, N, N)
+        # [A, P·dV] in one matmul, then dA = P·dV + dP·V.
+        out = p @ torch.cat([v.expand_as(dv), dv], dim=-1)  # (B, H, N, 2·dh)
+        a, pdv = out[..., :dh], out[..., dh:]
+        da = pdv + dp @ v
+        a = a.transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, N, H·dh)
+        da = da.transpose(1, 2).reshape(B, N, self.attn_dim)
+        return self.proj(a, da)
+
+
+class TangentMlp(nn.Module):
+    """JVP of timm ``Mlp``: fc1 → GELU → fc2 (no hidden norm).
+
+    Args:
+        base: timm ``Mlp``.
+        delta_init_std: std of the Δ init.
+        generator: CPU generator for a non-zero Δ init.
+    """
+
+    def __init__(self, base: nn.Module, delta_init_std: float = 0.0,
+                 generator: Optional[torch.Generator] = None) -> None:
+        super().__init__()
+        from timm.layers import Mlp
+
+        if type(base) is not Mlp:
+            raise TypeError(f"TAFT: unsupported mlp module {type(base).__name__} (only timm Mlp; no SwiGLU/GluMlp)")
+        _require_identity(base.norm, "mlp.norm (scale_mlp_norm=True)")
+        if type(base.fc1) is not nn.Linear:
+            raise TypeError("TAFT: unsupported Mlp with use_conv=True")
+        self.fc1 = TangentLinear(base.fc1, delta_init_std, generator)
+        self.act = TangentGELU(base.act)
+        self.fc2 = TangentLinear(base.fc2, delta_init_std, generator)
+
+    def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
+        h, dh = self.fc1(x, t)
+        h, dh = self.act(h, dh)
+        return self.fc2(h, dh)
+
+
+class _IdentityJVP(nn.Module):
+    """Pass-through for a switched-off LayerScale."""
+
+    def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, Tangent]:
+        return x, t
+
+
+class TangentBlock(nn.Module):
+    """JVP of timm's pre-norm ``Block``:
+    x ← x + ls1(attn(norm1(x))),  x ← x + ls2(mlp(norm2(x))), with residual tangents added.
+
+    Args:
+        base: timm ``Block``.
+        delta_init_std: std of the Δ init.
+        generator: CPU generator for a non-zero Δ init.
+    """
+
+    def __init__(self, base: nn.Module, delta_init_std: float = 0.0,
+                 generator: Optional[torch.Generator] = None) -> None:
+        super().__init__()
+        from timm.models.vision_transformer import Block
+
+        if type(base) is not Block:
+            raise TypeError(f"TAFT: unsupported block type {type(base).__name__} (only timm vision_transformer.Block)")
+        self.norm1 = TangentLayerNorm(base.norm1, delta_init_std, generator)
+        self.attn = TangentAttention(base.attn, delta_init_std, generator)
+        self.ls1 = _layer_scale(base.ls1, delta_init_std, generator)
+        self.norm2 = TangentLayerNorm(base.norm2, delta_init_std, generator)
+        self.mlp = TangentMlp(base.mlp, delta_init_std, generator)
+        self.ls2 = _layer_scale(base.ls2, delta_init_std, generator)
+
+    def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
+        a, da = self.ls1(*self.attn(*self.norm1(x, t)))
+        x, t = x + a, add_tangents(t, da)
+        m, dm = self.ls2(*self.mlp(*self.norm2(x, t)))
+        return x + m, t + dm
+
+
+def _layer_scale(base: nn.Module, delta_init_std: float, generator: Optional[torch.Generator]) -> nn.Module:
+    if isinstance(base, nn.Identity):
+        return _IdentityJVP()
+    return TangentLayerScale(base, delta_init_std, generator)

@@ -1,0 +1,246 @@
+"""Training the Δ of tangent models from cached prefix features, one shard or many at once.
+
+Paper: Liu, Soatto et al., "Tangent Transformers for Composition, Privacy and
+Removal", ICLR 2024. As in the authors' code: only Δw trains, AdamW with weight
+decay 0, the model in eval mode, an L2 penalty on Δw (here squared, see
+`losses.delta_l2_penalty`) or a projection onto a ball of radius R after each step.
+
+`train_tangent_vectorized` trains N shard models in one process: Δ is stacked
+along a leading shard axis and `torch.func.vmap(grad(...))` computes all N
+gradients in one call; AdamW is applied in closed form to the stacked tensors.
+Shards may differ in size: each shard keeps its own batch schedule (its own
+seeded permutation, ceil(n_i / batch_size) steps per epoch, a short last batch),
+batches are padded to `batch_size` with a 0/1 mask, and a shard with no batch
+left in the current epoch is frozen for that step (no parameter, moment or
+step-count update). This reproduces N separate `train_tangent` calls.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call, grad, vmap
+
+from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
+
+_BETAS = (0.9, 0.999)  # torch AdamW defaults
+_EPS = 1e-8
+
+
+def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
+                 loss_fn: Callable, weight_decay_l2: float = 0.0, radius: Optional[float] = None,
+                 from_images: bool = False) -> float:
+    """One optimizer step on a batch; returns the batch loss (data + penalty).
+
+    Args:
+        model: a TangentViT.
+        opt: optimizer over its Δ parameters.
+        inputs: prefix features (B, N, D), or images when `from_images`.
+        labels: (B,) classes.
+        loss_fn: `fn(logits, labels)` with mean reduction.
+        weight_decay_l2: coefficient of ‖Δw‖₂².
+        radius: project Δw onto this ball after the step (None: no projection).
+        from_images: run the frozen prefix on `inputs` first.
+    """
+    logits = model(inputs) if from_images else model.forward_from_prefix(inputs)
+    loss = loss_fn(logits, labels)
+    if weight_decay_l2:
+        loss = loss + weight_decay_l2 * delta_l2_penalty(model)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if radius is not None:
+        project_to_ball(model, radius)
+    return float(loss.detach())
+
+
+def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, *, epochs: int, batch_size: int,
+                  lr: float, weight_decay_l2: float = 0.0, loss: str = "rsl", alpha: Optional[float] = None,
+                  kappa: Optional[float] = None, radius: Optional[float] = None, seed: int = 0,
+                  progress: Optional[Callable[[int, float], None]] = None) -> dict:
+    """Train the Δ of `model` in place from cached prefix features.
+
+    Args:
+        model: a TangentViT; put in eval mode; only its Δ parameters change.
+        features: `model.prefix(x)` of the training set, (n, N, D).
+        labels: (n,) classes.
+        epochs: passes over the data.
+        batch_size: samples per step; the last batch of an epoch may be shorter.
+        lr: AdamW learning rate (weight decay 0).
+        weight_decay_l2: coefficient of ‖Δw‖₂² added to the loss.
+        loss: 'rsl', 'mse' or 'ce'.
+        alpha: RSL α (None: 1).
+        kappa: RSL κ (None: 15).
+        radius: project Δw onto the ball of this radius after each step.
+        seed: seed of the torch.Generator that shuffles each epoch.
+        progress: called as progress(epoch, mean_loss) after each epoch.
+
+    Returns:
+        {"delta_state_dict", "loss_history" (per-epoch sample-weighted mean), "steps", "epochs", "n_samples"}.
+    """
+    n = _check_data(features, labels, batch_size)
+    model.eval()
+    params = model.delta_parameters()
+    device, dtype = params[0].device, params[0].dtype
+    opt = torch.optim.AdamW(params, lr=lr, betas=_BETAS, eps=_EPS, weight_decay=0.0)
+    loss_fn = get_loss(loss, alpha, kappa)
+    gen = torch.Generator().manual_seed(seed)
+    history, steps = [], 0
+    for epoch in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        total = 0.0
+        for start in range(0, n, batch_size):
+            idx = perm[start:start + batch_size]
+            h = features[idx].to(device=device, dtype=dtype)
+            y = labels[idx].to(device)
+            total += tangent_step(model, opt, h, y, loss_fn, weight_decay_l2, radius) * len(idx)
+            steps += 1
+        history.append(total / n)
+        if progress is not None:
+            progress(epoch, history[-1])
+    return {"delta_state_dict": model.delta_state_dict(), "loss_history": history, "steps": steps,
+            "epochs": epochs, "n_samples": n}
+
+
+class _FromPrefix(nn.Module):
+    """Makes `forward_from_prefix` the forward, for `functional_call`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_from_prefix(h)
+
+
+def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tensor, torch.Tensor]], *, epochs: int,
+                             batch_size: int, lr: float, weight_decay_l2: float = 0.0, loss: str = "rsl",
+                             alpha: Optional[float] = None, kappa: Optional[float] = None,
+                             radius: Optional[float] = None, seed: "int | Sequence[int]" = 0,
+                             progress: Optional[Callable[[int, list[float]], None]] = None) -> list[dict]:
+    """Train one Δ per shard, all shards in one vmapped computation; `model` is not modified.
+
+    Each shard starts from the model's current Δ and gets the result of
+    `train_tangent(copy_of_model, *shards[i], seed=seeds[i], ...)` (see module docstring).
+
+    Args:
+        model: a TangentViT (the shared linearization point and initial Δ).
+        shards: (features (n_i, N, D), labels (n_i,)) per shard; n_i may differ.
+        epochs, batch_size, lr, weight_decay_l2, loss, alpha, kappa, radius: as in `train_tangent`.
+        seed: one shuffling seed for all shards, or one per shard.
+        progress: called as progress(epoch, per-shard mean losses) after each epoch.
+
+    Returns:
+        One dict per shard, as `train_tangent` returns.
+    """
+    S = len(shards)
+    if S == 0:
+        raise ValueError("train_tangent_vectorized: no shards")
+    seeds = [int(seed)] * S if isinstance(seed, int) else [int(s) for s in seed]
+    if len(seeds) != S:
+        raise ValueError(f"train_tangent_vectorized: {len(seeds)} seeds for {S} shards")
+    sizes = [_check_data(f, y, batch_size) for f, y in shards]
+    model.eval()
+    wrapper = _FromPrefix(model)
+    named = model.named_delta_parameters()
+    device, dtype = named[0][1].device, named[0][1].dtype
+    # Stacked Δ, Adam moments: (S, *shape) per parameter.
+    params = {f"model.{n}": p.detach().unsqueeze(0).repeat(S, *([1] * p.dim())).clone() for n, p in named}
+    exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
+    exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
+    step_count = torch.zeros(S, dtype=torch.long, device=device)
+    loss_fn = get_loss(loss, alpha, kappa)
+
+    def shard_loss(p: dict, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
+        per = loss_fn(functional_call(wrapper, p, (h,)), y, reduction="none")  # (batch,)
+        total = (per * mask).sum() / mask.sum().clamp(min=1)
+        if weight_decay_l2:
+            total = total + weight_decay_l2 * delta_l2_penalty(p.values())
+        return total, total.detach()
+
+    grad_fn = vmap(grad(shard_loss, has_aux=True))
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    steps_per_epoch = [math.ceil(n / batch_size) for n in sizes]
+    histories: list[list[float]] = [[] for _ in range(S)]
+    for epoch in range(epochs):
+        perms = [torch.randperm(n, generator=g) for n, g in zip(sizes, gens)]
+        totals = torch.zeros(S, dtype=torch.float64)
+        for step in range(max(steps_per_epoch)):
+            h, y, mask, counts = _padded_batch(shards, perms, step, batch_size, device, dtype)
+            active = counts > 0  # (S,)
+            grads, losses = grad_fn(params, h, y, mask)
+            step_count += active.to(device)
+            _adamw_masked_(params, grads, exp_avg, exp_avg_sq, step_count, active.to(device), lr)
+            if radius is not None:
+                _project_stacked_(params, radius, active.to(device))
+            totals += losses.detach().double().cpu() * counts
+        for i in range(S):
+            histories[i].append(float(totals[i]) / sizes[i])
+        if progress is not None:
+            progress(epoch, [hist[-1] for hist in histories])
+    return [{"delta_state_dict": {n[len("model."):]: p[i].clone() for n, p in params.items()},
+             "loss_history": histories[i], "steps": steps_per_epoch[i] * epochs, "epochs": epochs,
+             "n_samples": sizes[i]} for i in range(S)]
+
+
+def _check_data(features: torch.Tensor, labels: torch.Tensor, batch_size: int) -> int:
+    n = len(labels)
+    if len(features) != n:
+        raise ValueError(f"features ({len(features)}) and labels ({n}) differ in length")
+    if n == 0:
+        raise ValueError("empty training set")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return n
+
+
+def _padded_batch(shards, perms, step: int, batch_size: int, device, dtype):
+    """Step `step` of every shard's schedule, padded to batch_size: h (S, b, N, D), y (S, b),
+    mask (S, b) and the real counts (S,) on CPU."""
+    hs, ys, masks, counts = [], [], [], []
+    for (feats, labels), perm in zip(shards, perms):
+        idx = perm[step * batch_size:(step + 1) * batch_size]
+        c = len(idx)
+        pad = torch.zeros(batch_size, dtype=torch.long)
+        pad[:c] = idx
+        hs.append(feats[pad])
+        ys.append(labels[pad])
+        m = torch.zeros(batch_size, dtype=dtype)
+        m[:c] = 1
+        masks.append(m)
+        counts.append(c)
+    return (torch.stack(hs).to(device=device, dtype=dtype), torch.stack(ys).to(device),
+            torch.stack(masks).to(device), torch.tensor(counts))
+
+
+@torch.no_grad()
+def _adamw_masked_(params: dict, grads: dict, exp_avg: dict, exp_avg_sq: dict, step_count: torch.Tensor,
+                   active: torch.Tensor, lr: float) -> None:
+    """torch.optim.AdamW (weight decay 0) on stacked (S, ...) tensors; inactive shards keep their state."""
+    b1, b2 = _BETAS
+    t = step_count.clamp(min=1).to(torch.float64)
+    bc1 = (1 - b1 ** t)  # (S,)
+    bc2_sqrt = (1 - b2 ** t).sqrt()
+    for n, p in params.items():
+        shape = (-1,) + (1,) * (p.dim() - 1)
+        a = active.view(shape)
+        g = grads[n]
+        m_new = exp_avg[n].lerp(g, 1 - b1)
+        v_new = exp_avg_sq[n] * b2 + (1 - b2) * g * g
+        denom = v_new.sqrt() / bc2_sqrt.to(p.dtype).view(shape) + _EPS
+        p_new = p - (lr / bc1).to(p.dtype).view(shape) * m_new / denom
+        exp_avg[n] = torch.where(a, m_new, exp_avg[n])
+        exp_avg_sq[n] = torch.where(a, v_new, exp_avg_sq[n])
+        params[n] = torch.where(a, p_new, p)
+
+
+@torch.no_grad()
+def _project_stacked_(params: dict, radius: float, active: torch.Tensor) -> None:
+    """Per-shard projection of the stacked Δ onto the ball of `radius` (active shards only)."""
+    sq = sum(p.square().flatten(1).sum(1) for p in params.values())  # (S,)
+    norm = sq.sqrt()
+    scale = torch.where(active & (norm > radius), radius / norm.clamp(min=1e-300), torch.ones_like(norm))
+    for n, p in params.items():
+        params[n] = p * scale.view((-1,) + (1,) * (p.dim() - 1))
