@@ -1,0 +1,154 @@
+"""Train a grid of LAST side networks at once on the same frozen features.
+
+Paper: Tang, Fu, Zhu, Wu, "Low-Rank Attention Side-Tuning for Parameter-Efficient
+Fine-Tuning" (LAST), arXiv:2402.04009, 2024 -- side networks never backpropagate into the
+backbone, so many of them (learning rates, seeds, ranks, heads, g, T) can train on one
+set of extracted features in parallel.
+
+How: members are grouped by architecture (`train.ARCH_KEYS`). Within a group the
+parameters are stacked with `torch.func.stack_module_state` (leading member dim M) and the
+forward is `vmap(functional_call(...))` over that dim, with the batch shared (not copied).
+One AdamW step updates a whole group at once with per-member learning rates and weight
+decays broadcast over the member dim. It matches `torch.optim.AdamW` (single-tensor
+formula) so a grid member equals the same member trained alone by `train_side_network`
+(same batch order: `train.batch_order`).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
+from torch import Tensor
+from torch.func import functional_call, stack_module_state, vmap
+
+from pipeline_src.last.features import feature_keys, side_inputs
+from pipeline_src.last.train import (ADAM_BETAS, ADAM_EPS, ARCH_KEYS, Progress, batch_order, build_side_network,
+                                     check_dataset, normalize_member)
+
+
+class _Group:
+    """Members of one architecture, parameters stacked along a leading member dim M."""
+
+    def __init__(self, backbone: VisionTransformer, members: list[dict], index: list[int], num_classes: int) -> None:
+        nets = [build_side_network(backbone, m, num_classes=num_classes) for m in members]
+        self.index, self.every, self.depth = index, nets[0].every, nets[0].depth
+        self.params, self.buffers = stack_module_state(nets)  # name -> (M, *shape), leaf, requires_grad
+        self.base = copy.deepcopy(nets[0]).to("meta")  # stateless skeleton for functional_call
+        ref = next(iter(self.params.values()))
+        self.lr = torch.tensor([m["lr"] for m in members], dtype=ref.dtype, device=ref.device)  # (M,)
+        self.wd = torch.tensor([m["weight_decay"] for m in members], dtype=ref.dtype, device=ref.device)
+        self.exp_avg = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        self.exp_avg_sq = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        self.t = 0
+
+    def logits(self, feats: list[Tensor]) -> Tensor:
+        """(M, B, num_classes) logits of all members on one shared batch."""
+        def one(params: dict, buffers: dict, f: list[Tensor]) -> Tensor:
+            return functional_call(self.base, (params, buffers), (f,))
+        return vmap(one, in_dims=(0, 0, None))(self.params, self.buffers, feats)
+
+    def step(self, feats: list[Tensor], labels: Tensor) -> Tensor:
+        """One AdamW step of every member; returns the (M,) losses before the step."""
+        logits = self.logits(feats)  # (M, B, C)
+        losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat(logits.shape[0]),
+                                 reduction="none").view(logits.shape[:2]).mean(1)  # (M,)
+        names = list(self.params)
+        # Members are independent, so d(sum of losses)/d(member j) = d(loss_j)/d(member j).
+        grads = torch.autograd.grad(losses.sum(), [self.params[k] for k in names])
+        self.t += 1
+        b1, b2 = ADAM_BETAS
+        bc1, bc2_sqrt = 1 - b1 ** self.t, math.sqrt(1 - b2 ** self.t)
+        with torch.no_grad():
+            for name, grad in zip(names, grads):
+                p, m, v = self.params[name], self.exp_avg[name], self.exp_avg_sq[name]
+                shape = (-1,) + (1,) * (p.dim() - 1)  # broadcast (M,) over the parameter dims
+                lr, wd = self.lr.view(shape), self.wd.view(shape)
+                p.mul_(1 - lr * wd)  # decoupled weight decay, as torch.optim.AdamW
+                m.lerp_(grad, 1 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
+                p.sub_((lr / bc1) * m / denom)
+        return losses.detach()
+
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        """One CPU state dict per member, in group order."""
+        stacked = {**self.params, **self.buffers}
+        return [{k: v[j].detach().cpu().clone() for k, v in stacked.items()} for j in range(len(self.index))]
+
+
+class SideGrid:
+    """A grid of side networks trained in lockstep on shared batches.
+
+    Args:
+        backbone: the frozen backbone (read for shapes and norms only).
+        members: member dicts (see `train.py`), any mix of architectures.
+        num_classes: classifier outputs, shared by all members.
+    """
+
+    def __init__(self, backbone: VisionTransformer, members: list[Mapping], *, num_classes: int) -> None:
+        if not members:
+            raise ValueError("SideGrid: members is empty")
+        norm = [normalize_member(m) for m in members]
+        by_arch: dict[tuple, list[int]] = {}
+        for i, m in enumerate(norm):
+            by_arch.setdefault(tuple(m[k] for k in ARCH_KEYS), []).append(i)
+        self.num_members = len(norm)
+        self.depth = len(backbone.blocks)
+        self.groups = [_Group(backbone, [norm[i] for i in idx], idx, num_classes) for idx in by_arch.values()]
+        self.keys = sorted({k for g in self.groups for k in feature_keys(self.depth, g.every)},
+                           key=lambda k: int(k[1:]))  # cache keys any member reads
+
+    def step(self, batch: Mapping[str, Tensor], labels: Tensor) -> Tensor:
+        """One optimizer step of every member on one batch; returns (num_members,) losses.
+
+        Args:
+            batch: block-indexed features of the batch ("z0".., see `features.py`), on the grid's device.
+            labels: (B,) int64.
+        """
+        losses = torch.empty(self.num_members, dtype=torch.float64)
+        for g in self.groups:
+            feats = side_inputs(batch, every=g.every, depth=self.depth)
+            losses[g.index] = g.step(feats, labels).to("cpu", torch.float64)
+        return losses
+
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        """One CPU state dict per member, in the order the members were given."""
+        out: list[dict[str, Tensor]] = [{} for _ in range(self.num_members)]
+        for g in self.groups:
+            for j, sd in zip(g.index, g.state_dicts()):
+                out[j] = sd
+        return out
+
+
+def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor], labels: Tensor, members: list[Mapping],
+                    *, num_classes: int, epochs: int, batch_size: int, seed: int,
+                    progress: Progress | None = None) -> list[dict[str, Tensor]]:
+    """Train all members at once; return their state dicts in the given order.
+
+    Equivalent (to float rounding) to `[train_side_network(..., member=m, ...) for m in members]`.
+
+    Args:
+        backbone: the frozen backbone the features came from.
+        features: block-indexed feature dict ("z0".."z{depth}"); extract with every=1 to serve any g.
+        labels: (N,) int64 class indices.
+        members: member dicts (see `train.py`).
+        num_classes: classifier outputs.
+        epochs: passes over the data.
+        batch_size: samples per step.
+        seed: data-order seed shared by all members.
+        progress: optional callback (epoch, step, per-member losses of shape (num_members,)).
+    """
+    n = check_dataset(features, labels, num_classes)
+    grid = SideGrid(backbone, members, num_classes=num_classes)
+    dev = next(backbone.parameters()).device
+    steps_per_epoch = -(-n // batch_size)
+    for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):
+        batch = {k: features[k][idx].to(dev) for k in grid.keys if k in features}
+        losses = grid.step(batch, labels[idx].to(dev))
+        if progress is not None:
+            progress(step // steps_per_epoch, step, losses)
+    return grid.state_dicts()
