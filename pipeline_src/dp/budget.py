@@ -1,0 +1,94 @@
+"""Privacy budget: noise multiplier from a target (ε, δ) under Poisson sampling, and the
+record kept with every DP model.
+
+DP-SGD (Abadi et al. 2016, "Deep learning with differential privacy") with the subsampled
+Gaussian mechanism, accounted by Opacus' RDP (Mironov et al. 2019) or PRV
+(Gopi et al. 2021, "Numerical composition of differential privacy") accountants.
+"""
+from __future__ import annotations
+
+import math
+
+from opacus.accountants import create_accountant
+from opacus.accountants.utils import get_noise_multiplier
+
+ACCOUNTANTS = ("rdp", "prv")
+
+
+class InfeasibleBudget(ValueError):
+    """The requested (ε, δ) cannot be met for the planned training."""
+
+
+def steps_per_epoch(n_samples: int, batch_size: int) -> int:
+    """Poisson steps per epoch, as Opacus' DPDataLoader (len of the original loader)."""
+    return math.ceil(n_samples / batch_size)
+
+
+def epsilon_for(*, sigma: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """ε spent by `steps` subsampled Gaussian steps, from Opacus' accountant.
+
+    Args:
+        sigma: noise multiplier.
+        sample_rate: Poisson sampling rate q.
+        steps: number of steps.
+        delta: target δ.
+        accountant: "rdp" or "prv".
+    """
+    acc = create_accountant(mechanism=accountant)
+    acc.history = [(sigma, sample_rate, steps)]
+    return float(acc.get_epsilon(delta=delta))
+
+
+def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int, epochs: int,
+                max_grad_norm: float, accountant: str = "rdp") -> dict:
+    """Noise multiplier σ reaching (ε, δ) after `epochs` of Poisson-sampled steps.
+
+    Args:
+        epsilon: target ε (> 0).
+        delta: target δ, in (0, 1/n_samples).
+        n_samples: dataset size N (the privacy unit is one example).
+        batch_size: expected batch size; the sampling rate is 1/ceil(N/batch_size), as Opacus.
+        epochs: planned epochs.
+        max_grad_norm: clipping bound C (> 0).
+        accountant: "rdp" or "prv".
+    Returns:
+        Record with epsilon (target), epsilon_planned (ε of the chosen σ), delta, sigma,
+        max_grad_norm, sample_rate, steps, epochs, batch_size, n_samples, accountant.
+    Raises:
+        InfeasibleBudget: invalid parameters, or no σ ≤ 1e6 reaches ε in the planned steps.
+    """
+    if accountant not in ACCOUNTANTS:
+        raise InfeasibleBudget(f"unknown accountant {accountant!r}; choose one of {ACCOUNTANTS}")
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise InfeasibleBudget(f"epsilon must be positive and finite, got {epsilon}")
+    if n_samples < 1 or batch_size < 1 or epochs < 1:
+        raise InfeasibleBudget(f"need n_samples, batch_size, epochs ≥ 1; got {n_samples}, {batch_size}, {epochs}")
+    if not 0 < delta < 1 / n_samples:
+        raise InfeasibleBudget(f"delta must lie in (0, 1/N) = (0, {1 / n_samples:.3g}); got {delta}")
+    if max_grad_norm <= 0:
+        raise InfeasibleBudget(f"max_grad_norm must be positive, got {max_grad_norm}")
+    if batch_size > n_samples:
+        raise InfeasibleBudget(f"sampling rate batch_size/N = {batch_size}/{n_samples} > 1")
+    spe = steps_per_epoch(n_samples, batch_size)
+    sample_rate = 1.0 / spe
+    steps = spe * epochs
+    try:
+        sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                     steps=steps, accountant=accountant)
+    except ValueError as e:
+        raise InfeasibleBudget(f"no noise multiplier reaches epsilon={epsilon}, delta={delta} in {steps} steps "
+                               f"at sampling rate {sample_rate:.4g} ({accountant}): {e}") from e
+    return {
+        "epsilon": float(epsilon),
+        "epsilon_planned": epsilon_for(sigma=sigma, sample_rate=sample_rate, steps=steps, delta=delta,
+                                       accountant=accountant),
+        "delta": float(delta),
+        "sigma": float(sigma),
+        "max_grad_norm": float(max_grad_norm),
+        "sample_rate": sample_rate,
+        "steps": steps,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "n_samples": n_samples,
+        "accountant": accountant,
+    }

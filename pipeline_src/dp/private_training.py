@@ -1,0 +1,162 @@
+"""DP-SGD training of whatever parameters of a model are trainable, with Opacus'
+PrivacyEngine and Poisson sampling, and three ways of getting per-example norms:
+
+- "fast": ghost clipping with our norm samplers (Gram/direct Linear forms, vector fast
+  path, LayerNorm and AdditiveDelta rules; Lee & Kifer 2021, "Scaling up differentially
+  private deep learning with fast per-example gradient clipping"; Li et al. 2022 ghost
+  clipping); every trainable module must be covered, else a clear error.
+- "ghost": Opacus' own ghost clipping (its Linear sampler; other types materialise
+  per-example gradients first).
+- "hooks": Opacus' per-example gradients (Abadi et al. 2016, DP-SGD).
+Used for DP-TAFT (Liu & Soatto 2024, "Tangent Transformers...", §3.4), DP-NLFT and DP-LAST.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from opacus import PrivacyEngine
+from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pipeline_src.dp.budget import plan_budget
+from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
+
+MODES = ("fast", "ghost", "hooks")
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def per_example_cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example, shape (B,)."""
+    return F.cross_entropy(outputs, labels, reduction="none")
+
+
+def _per_example(losses: torch.Tensor, batch: int) -> torch.Tensor:
+    if losses.shape != (batch,):
+        raise ValueError(f"loss_fn must return one loss per example, shape ({batch},); got {tuple(losses.shape)}")
+    return losses
+
+
+def dp_backward(module: nn.Module, optimizer: torch.optim.Optimizer, losses: torch.Tensor, mode: str) -> None:
+    """Backward pass(es) that leave clipped, summed per-example gradients for the DP optimizer.
+
+    Args:
+        module: the Opacus-wrapped model.
+        optimizer: its DPOptimizer.
+        losses: per-example losses, (B,).
+        mode: "fast" | "ghost" (two passes: norms, then Σ_i c_i ∇ℓ_i) or "hooks".
+    """
+    if mode in ("fast", "ghost"):
+        DPTensorFastGradientClipping(module, optimizer, losses, "mean").backward()
+    elif mode == "hooks":
+        losses.mean().backward()
+    else:
+        raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
+
+
+def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, mode: str,
+                       sigma: float, max_grad_norm: float, accountant: str = "rdp",
+                       noise_generator: torch.Generator | None = None):
+    """Opacus make_private in the chosen mode; returns (engine, module, optimizer, loader).
+
+    Args:
+        model: model with the trainable parameters already selected.
+        optimizer: optimizer over those parameters.
+        loader: non-private loader; replaced by Poisson sampling.
+        mode: "fast", "ghost" or "hooks".
+        sigma: noise multiplier.
+        max_grad_norm: clipping bound C.
+        accountant: "rdp" or "prv".
+        noise_generator: generator for the Gaussian noise (reproducibility).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
+    if mode == "fast":
+        check_fast_supported(model)
+    engine = PrivacyEngine(accountant=accountant)
+    out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
+                              max_grad_norm=max_grad_norm, poisson_sampling=True, noise_generator=noise_generator,
+                              grad_sample_mode="hooks" if mode == "hooks" else "ghost",
+                              criterion=nn.CrossEntropyLoss())  # criterion unused: we pass per-example losses
+    module, dp_opt, dp_loader = (out[0], out[1], out[3]) if mode != "hooks" else out
+    if mode == "fast":
+        attach_fast_norm_samplers(module)
+    return engine, module, dp_opt, dp_loader
+
+
+def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor], labels: torch.Tensor, *, loss_fn: LossFn = per_example_cross_entropy,
+                  epochs: int, batch_size: int, lr: float, epsilon: float, delta: float, max_grad_norm: float,
+                  seed: int, mode: str = "fast", accountant: str = "rdp",
+                  progress: Callable[[dict], None] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """DP-SGD on the trainable parameters of `model` for a target (ε, δ).
+
+    Args:
+        model: model whose forward takes a batch of `inputs` (images or cached features);
+            only parameters with requires_grad train (see `regimes.apply_regime`).
+        inputs: (N, ...) tensor, or a list of such tensors (e.g. LAST's [z_0..z_m]); a
+            list is passed to the model as a list of batch tensors.
+        labels: (N, ...) tensor.
+        loss_fn: per-example loss, (outputs, labels) -> (B,).
+        epochs: planned epochs (sets σ with the sampling rate).
+        batch_size: expected Poisson batch size.
+        lr: SGD learning rate.
+        epsilon: target ε.
+        delta: target δ.
+        max_grad_norm: clipping bound C.
+        seed: seeds Poisson sampling and noise.
+        mode: "fast" (ours), "ghost" or "hooks" (Opacus').
+        accountant: "rdp" or "prv".
+        progress: called after each step with {"step", "epoch", "loss", "batch"}.
+    Returns:
+        (state dict of the trainable parameters, privacy record: the planned budget plus
+        epsilon_spent from the engine's accountant, steps_taken and mode).
+    Raises:
+        InfeasibleBudget: before any training, if the budget cannot be met.
+    """
+    as_list = isinstance(inputs, (list, tuple))
+    xs = list(inputs) if as_list else [inputs]
+    budget = plan_budget(epsilon=epsilon, delta=delta, n_samples=len(xs[0]), batch_size=batch_size,
+                         epochs=epochs, max_grad_norm=max_grad_norm, accountant=accountant)
+    if any(len(t) != len(labels) for t in xs):
+        raise ValueError(f"inputs and labels differ in length: {[len(t) for t in xs]} vs {len(labels)}")
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("train_private: the model has no trainable parameter")
+    torch.manual_seed(seed)  # Opacus' Poisson sampler draws from the global generator
+    device = trainable[0][1].device
+    noise_gen = torch.Generator(device=device).manual_seed(seed)
+    optimizer = torch.optim.SGD([p for _, p in trainable], lr=lr)
+    loader = DataLoader(TensorDataset(*xs, labels), batch_size=batch_size)
+    engine, module, dp_opt, dp_loader = make_private_model(
+        model, optimizer, loader, mode=mode, sigma=budget["sigma"], max_grad_norm=max_grad_norm,
+        accountant=accountant, noise_generator=noise_gen)
+    model.train()
+    step = 0
+    try:
+        for epoch in range(epochs):
+            for batch in dp_loader:
+                xb, yb = [t.to(device) for t in batch[:-1]], batch[-1].to(device)
+                n = len(yb)
+                dp_opt.zero_grad()
+                if n == 0:  # empty Poisson batch: noise-only step, still accounted
+                    for _, p in trainable:
+                        p.grad = torch.zeros_like(p)
+                        p.summed_grad = torch.zeros_like(p) if mode != "hooks" else None
+                        p.grad_sample = torch.zeros(0, *p.shape, dtype=p.dtype, device=p.device) if mode == "hooks" else None
+                    loss_value = float("nan")
+                else:
+                    losses = _per_example(loss_fn(module(xb if as_list else xb[0]), yb), n)
+                    dp_backward(module, dp_opt, losses, mode)
+                    loss_value = float(losses.detach().mean())
+                dp_opt.step()
+                step += 1
+                if progress is not None:
+                    progress({"step": step, "epoch": epoch, "loss": loss_value, "batch": n})
+        spent = float(engine.accountant.get_epsilon(delta=delta))
+    finally:
+        module.cleanup()
+    state = {n: p.detach().clone() for n, p in trainable}
+    record = {**budget, "epsilon_spent": spent, "steps_taken": step, "mode": mode}
+    return state, record
