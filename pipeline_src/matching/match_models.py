@@ -1,0 +1,148 @@
+"""Match timm VisionTransformer state dicts to an anchor (rotation, permutation, scaling).
+
+Zhang et al., "Beyond the Permutation Symmetry of Transformers: The Role of Rotation for
+Model Fusion", ICML 2025: attention heads are matched by per-head rotations of Q/K and V/O
+(plus optional scaling, eq. 12), FFNs by permutations of hidden units. The anchor stays
+fixed; every other model is transformed without changing its function, so that an average
+of the matched models (see `pipeline_src.fusion`) is taken between aligned parameters.
+
+timm layout: `blocks.{i}.attn.qkv.weight` (3·H·d_h, D), rows ordered (qkv, head, d_h);
+`attn.qkv.bias` (3·H·d_h,) may be absent (qkv_bias=False); `attn.proj.weight` (D, H·d_h),
+columns ordered (head, d_h); `mlp.fc1` (hidden, D), `mlp.fc2` (D, hidden).
+Blocks with parameters these symmetries do not commute with (qk_norm, scale_norm,
+attention gates, GLU MLPs, MLP norm) are refused with an error naming the key.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import torch
+
+from pipeline_src.matching.attention_rotation import HeadWeights, match_attention_heads
+from pipeline_src.matching.ffn_permutation import ffn_permutation, ffn_similarity, permute_ffn
+
+_ATTN_KEYS = {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"}
+_MLP_KEYS = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+
+
+def block_indices(sd: dict, prefix: str = "") -> list[int]:
+    """Indices i with a `{prefix}blocks.{i}.attn.qkv.weight` entry, sorted."""
+    pat = re.compile(rf"^{re.escape(prefix)}blocks\.(\d+)\.attn\.qkv\.weight$")
+    return sorted(int(m.group(1)) for k in sd if (m := pat.match(k)))
+
+
+def _check_supported(sd: dict, base: str, part: str, allowed: set[str]) -> None:
+    stem = f"{base}{part}."
+    for key in sd:
+        if key.startswith(stem) and key[len(stem):] not in allowed:
+            raise ValueError(f"match_models: key '{key}' is not supported by {part} matching "
+                             f"(only {sorted(allowed)}); its layer breaks the symmetry")
+
+
+def _attention(sd: dict, base: str) -> HeadWeights:
+    w = sd[f"{base}attn.qkv.weight"]
+    b = sd.get(f"{base}attn.qkv.bias")
+    q, k, v = w.chunk(3, dim=0)  # each (H·d_h, D)
+    bq, bk, bv = (None, None, None) if b is None else b.chunk(3, dim=0)
+    return HeadWeights(q=q, k=k, v=v, o=sd[f"{base}attn.proj.weight"], bq=bq, bk=bk, bv=bv)
+
+
+def match_to_anchor(
+    anchor_sd: dict,
+    model_sd: dict,
+    *,
+    num_heads: int,
+    blocks: Iterable[int] | None = None,
+    attention: bool = True,
+    ffn: bool = True,
+    scaling: bool = True,
+    rotation: bool = True,
+    head_permutation: bool = False,
+    prefix: str = "",
+) -> dict:
+    """Return `model_sd` transformed (same function) to be close to `anchor_sd`.
+
+    Args:
+        anchor_sd: state dict of the fixed anchor model.
+        model_sd: state dict to transform; not modified. Entries that matching does not touch
+            are shared (same tensor objects) with it.
+        num_heads: attention heads per block.
+        blocks: block indices to match (e.g. [11] or [8, 9, 10, 11]); None = all blocks.
+        attention: match attention heads.
+        ffn: match FFN hidden units by linear assignment.
+        scaling: after rotation/permutation, scale Q/K and V/O per head (eq. 12).
+        rotation: per-head orthogonal rotations if True; per-head permutations (the
+            permutation-symmetry baseline) if False.
+        head_permutation: also permute whole heads before the within-head step.
+        prefix: key prefix of the VisionTransformer inside the state dict (e.g. "backbone.").
+    """
+    all_blocks = block_indices(model_sd, prefix)
+    if not all_blocks:
+        raise ValueError(f"match_models: no '{prefix}blocks.<i>.attn.qkv.weight' keys in the state dict")
+    if block_indices(anchor_sd, prefix) != all_blocks:
+        raise ValueError("match_models: anchor and model have different blocks")
+    chosen = all_blocks if blocks is None else list(blocks)
+    missing = sorted(set(chosen) - set(all_blocks))
+    if missing:
+        raise ValueError(f"match_models: blocks {missing} not in the model (has {all_blocks})")
+    out = dict(model_sd)
+    for i in chosen:
+        base = f"{prefix}blocks.{i}."
+        if attention:
+            for sd in (anchor_sd, model_sd):
+                _check_supported(sd, base, "attn", _ATTN_KEYS)
+            if (f"{base}attn.qkv.bias" in anchor_sd) != (f"{base}attn.qkv.bias" in model_sd):
+                raise ValueError(f"match_models: '{base}attn.qkv.bias' present in only one model")
+            m = match_attention_heads(_attention(anchor_sd, base), _attention(model_sd, base), num_heads,
+                                      rotation=rotation, scaling=scaling, head_permutation=head_permutation)
+            out[f"{base}attn.qkv.weight"] = torch.cat([m.q, m.k, m.v], dim=0)
+            if m.bq is not None:
+                out[f"{base}attn.qkv.bias"] = torch.cat([m.bq, m.bk, m.bv], dim=0)
+            out[f"{base}attn.proj.weight"] = m.o
+        if ffn:
+            for sd in (anchor_sd, model_sd):
+                _check_supported(sd, base, "mlp", _MLP_KEYS)
+            a1, a2 = (sd[f"{base}mlp.fc1.weight"] for sd in (anchor_sd, model_sd))
+            b1, b2 = (sd.get(f"{base}mlp.fc1.bias") for sd in (anchor_sd, model_sd))
+            c1, c2 = (sd[f"{base}mlp.fc2.weight"] for sd in (anchor_sd, model_sd))
+            if a2.shape[0] != c2.shape[1]:
+                raise ValueError(f"match_models: '{base}mlp.fc1' has {a2.shape[0]} outputs but fc2 takes "
+                                 f"{c2.shape[1]} (gated MLP?); FFN matching unsupported")
+            perm = ffn_permutation(ffn_similarity(a1, b1, c1, a2, b2, c2))
+            fc1_w, fc1_b, fc2_w = permute_ffn(perm, a2, b2, c2)
+            out[f"{base}mlp.fc1.weight"], out[f"{base}mlp.fc2.weight"] = fc1_w, fc2_w
+            if fc1_b is not None:
+                out[f"{base}mlp.fc1.bias"] = fc1_b
+    return out
+
+
+def match_many(anchor_sd: dict, sds: list[dict], **options) -> list[dict]:
+    """Match each of `sds` to `anchor_sd` with `match_to_anchor(**options)`; the anchor itself
+    may be among `sds` (it comes back unchanged up to rounding)."""
+    return [match_to_anchor(anchor_sd, sd, **options) for sd in sds]
+
+
+def matched_keys(sd: dict, *, blocks: Iterable[int] | None = None, attention: bool = True,
+                 ffn: bool = True, prefix: str = "") -> list[str]:
+    """The state-dict keys that `match_to_anchor` with these options may change."""
+    chosen = block_indices(sd, prefix) if blocks is None else list(blocks)
+    names = (["attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight"] if attention else []) + \
+            (["mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight"] if ffn else [])
+    return [k for i in chosen for n in names if (k := f"{prefix}blocks.{i}.{n}") in sd]
+
+
+def parameter_distance(sd1: dict, sd2: dict, keys: Iterable[str] | None = None) -> float:
+    """Euclidean distance ‖θ1 − θ2‖₂ over `keys` (default: all floating-point entries of sd1).
+
+    Args:
+        sd1, sd2: state dicts with the same shapes on the chosen keys.
+        keys: entries to include; a key missing from either dict raises KeyError.
+    """
+    keys = [k for k, v in sd1.items() if v.is_floating_point()] if keys is None else list(keys)
+    total = 0.0
+    for k in keys:
+        if k not in sd1 or k not in sd2:
+            raise KeyError(f"parameter_distance: key '{k}' missing from a state dict")
+        total += float(((sd1[k].double() - sd2[k].double().to(sd1[k].device)) ** 2).sum())
+    return total ** 0.5
