@@ -16,17 +16,17 @@ def lsa_forward(p: dict, prefix: str, num_heads: int, x: torch.Tensor) -> torch.
         return out + p[f"{prefix}{name}.bias"] if f"{prefix}{name}.bias" in p else out
 
     bsz, n, _ = x.shape
-    q, k, v = (lin(nm, x).reshape(bsz, n, num_heads, -1).transpose(1, 2) for nm in ("A_Q", "A_K", "A_V"))  # (B, H, N, d)
+    q, k, v = (lin(nm, x).reshape(bsz, n, num_heads, -1).transpose(1, 2) for nm in ("a_q", "a_k", "a_v"))  # (B, H, N, d)
     att = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
     y = (att @ v).transpose(1, 2).reshape(bsz, n, -1)  # (B, N, r)
-    return lin("B", y)
+    return lin("b", y)
 
 
 def random_lsa(seed: int, prefixes: list[str], bias: bool) -> dict:
     gen = torch.Generator().manual_seed(seed)
     sd = {}
     for p in prefixes:
-        for name, shape in (("A_Q", (R, D)), ("A_K", (R, D)), ("A_V", (R, D)), ("B", (D, R))):
+        for name, shape in (("a_q", (R, D)), ("a_k", (R, D)), ("a_v", (R, D)), ("b", (D, R))):
             sd[f"{p}{name}.weight"] = torch.randn(*shape, generator=gen, dtype=torch.float64) * 0.4
             if bias:
                 sd[f"{p}{name}.bias"] = torch.randn(shape[0], generator=gen, dtype=torch.float64) * 0.4
@@ -39,7 +39,7 @@ def orth(n: int, gen: torch.Generator) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r))
 
 
-PREFIXES = ["side.0.lsa.", "side.1.lsa."]
+PREFIXES = ["blocks.0.0.", "blocks.1.0."]
 
 
 @pytest.mark.parametrize("num_heads", [4, 2])
@@ -82,14 +82,37 @@ def test_recovers_known_rotations(num_heads):
 
 def test_custom_names_and_errors():
     names = LSAKeyNames(q="wq", k="wk", v="wv", o="up")
-    sd = {k.replace("A_Q", "wq").replace("A_K", "wk").replace("A_V", "wv").replace(".B.", ".up."): v
+    sd = {k.replace("a_q", "wq").replace("a_k", "wk").replace("a_v", "wv").replace(".b.", ".up."): v
           for k, v in random_lsa(2, ["m."], True).items()}
     sd2 = {k: v + 0.1 for k, v in sd.items()}
     out = match_lsa_state_dict(sd, sd2, num_heads=2, names=names, module_prefixes=["m."])
     assert set(out) == set(sd2)
-    with pytest.raises(ValueError, match="no '<prefix>A_Q.weight'"):
+    with pytest.raises(ValueError, match="no '<prefix>a_q.weight'"):
         match_lsa_state_dict(sd, sd2, num_heads=2)
     with pytest.raises(KeyError, match="lacks 'x.wq.weight'"):
         match_lsa_state_dict(sd, sd2, num_heads=2, names=names, module_prefixes=["x."])
     with pytest.raises(ValueError, match="not divisible"):
         match_lsa_state_dict(sd, sd2, num_heads=3, names=names)
+
+
+def test_real_lsa_module_preserved():
+    """Against the project's LowRankSelfAttention (default key names, biases on and off)."""
+    from pipeline_src.last.side_network import LowRankSelfAttention
+
+    for qkv_bias in (True, False):
+        mods = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            m = torch.nn.Sequential(*(LowRankSelfAttention(D, R, 4, qkv_bias=qkv_bias) for _ in range(2))).double()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.copy_(torch.randn_like(p) * 0.4)
+            mods.append(m)
+        sd_a, sd_b = mods[0].state_dict(), mods[1].state_dict()
+        out = match_lsa_state_dict(sd_a, sd_b, num_heads=4)
+        assert parameter_distance(sd_a, out) < parameter_distance(sd_a, sd_b)
+        x = torch.randn(2, 5, D, dtype=torch.float64)
+        with torch.no_grad():
+            ref = mods[1](x)
+            mods[1].load_state_dict(out)
+            assert ((mods[1](x) - ref).norm() / ref.norm()) < 1e-10

@@ -24,12 +24,13 @@ from pipeline_src.matching.attention_rotation import HeadWeights, match_attentio
 
 @dataclass(frozen=True)
 class LSAKeyNames:
-    """Submodule names of the four projections inside one LSA module's state-dict prefix."""
+    """Submodule names of the four projections inside one LSA module's state-dict prefix
+    (defaults: those of `pipeline_src.last.side_network.LowRankSelfAttention`)."""
 
-    q: str = "A_Q"
-    k: str = "A_K"
-    v: str = "A_V"
-    o: str = "B"
+    q: str = "a_q"
+    k: str = "a_k"
+    v: str = "a_v"
+    o: str = "b"
 
 
 def match_lsa_projections(
@@ -85,7 +86,7 @@ def match_lsa_state_dict(
     Args:
         anchor_sd, model_sd: state dicts of two side networks of the same architecture.
         num_heads: heads per LSA module.
-        module_prefixes: prefixes of the LSA modules (e.g. ["blocks.0.lsa.0."]); None = every
+        module_prefixes: prefixes of the LSA modules (e.g. ["blocks.0.1."]); None = every
             prefix found by `find_lsa_prefixes` in `model_sd`.
         names: submodule names of A_Q, A_K, A_V and B under a prefix.
         rotation, scaling, head_permutation: as in `match_attention_heads`.
