@@ -22,6 +22,7 @@ from pipeline_src.taft.jvp_layers import (
 )
 
 torch.set_default_dtype(torch.float64)
+torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box
 D, N, B = 32, 5, 3
 
 
