@@ -1,0 +1,165 @@
+"""DP step time and peak memory: non-private vs Opacus hooks vs Opacus ghost vs our fast
+norm samplers ("fast"), for NLFT regimes on a small ViT and for the fully-connected case
+across output dimension and batch size (Lee & Kifer 2021, "Scaling up differentially
+private deep learning with fast per-example gradient clipping", Figure 4).
+
+Run: python benchmarks/bench_dp.py [--quick] [--device cuda] [--vit-b]
+Writes results/benchmarks/bench_dp.parquet and prints ratio tables (DP / non-private).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, time_median, write_benchmark_rows  # noqa: E402
+from pipeline_src.dp import apply_regime, nlft_scope  # noqa: E402
+from pipeline_src.dp.private_training import dp_backward, make_private_model  # noqa: E402
+
+MODES = ("nonprivate", "hooks", "ghost", "fast")
+
+
+class Tail(nn.Module):
+    """The last k blocks, final norm and head of a timm ViT, fed cached prefix tokens (B, N, D)."""
+
+    def __init__(self, vit: nn.Module, k: int) -> None:
+        super().__init__()
+        self.vit, self.k = vit, k
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for blk in self.vit.blocks[-self.k:]:
+            h = blk(h)
+        return self.vit.forward_head(self.vit.norm(h))
+
+
+def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str):
+    """A closure doing one optimizer step of `mode` on the fixed batch (x, y)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=1e-3)
+    if mode == "nonprivate":
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+    loader = DataLoader(TensorDataset(x.cpu(), y.cpu()), batch_size=len(x))
+    _, module, dp_opt, _ = make_private_model(model, opt, loader, mode=mode, sigma=1.0, max_grad_norm=1.0)
+
+    def dp_step():
+        dp_opt.zero_grad()
+        dp_backward(module, dp_opt, F.cross_entropy(module(x), y, reduction="none"), mode)
+        dp_opt.step()
+    return dp_step
+
+
+def measure(base: nn.Module, prepare, x, y, device: str, repeats: int, sizes: dict, case: str) -> list[dict]:
+    """Time the modes interleaved (one step of each per round), so load from other
+    processes on a shared machine hits every mode alike; medians over rounds."""
+    steps = {}
+    for mode in MODES:
+        model = copy.deepcopy(base)
+        prepare(model)
+        steps[mode] = make_step(model, x, y, mode)
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(repeats):
+        for mode in MODES:
+            times[mode] += time_median(steps[mode], repeats=1, warmup=1 if not times[mode] else 0, device=device)[1]
+    rows = []
+    for mode in MODES:
+        peak = peak_memory_mb(steps[mode], device=device)
+        rows.append(benchmark_row("bench_dp", f"{case}:{mode}", device, {**sizes, "mode": mode}, times[mode], peak))
+        print(f"  {case:<28} {mode:<10} {statistics.median(times[mode]):9.2f} ms  {peak:9.1f} MB", flush=True)
+    return rows
+
+
+def nlft_rows(args, device: str) -> list[dict]:
+    from timm.models.vision_transformer import VisionTransformer
+
+    if args.vit_b:
+        cfg = dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12)
+    else:  # ViT-Ti width, depth 6, 64 patch tokens
+        cfg = dict(img_size=32, patch_size=4, embed_dim=192, depth=6, num_heads=3)
+    torch.manual_seed(0)
+    vit = VisionTransformer(num_classes=10, **cfg).to(device)
+    vit.requires_grad_(False)
+    b = args.batch
+    imgs = torch.randn(b, 3, cfg["img_size"], cfg["img_size"], device=device)
+    y = torch.randint(0, 10, (b,), device=device)
+    with torch.no_grad():  # cached frozen-prefix features, as the `features` rule stores them
+        h = vit.norm_pre(vit._pos_embed(vit.patch_embed(imgs)))
+        for blk in vit.blocks[:-1]:
+            h = blk(h)
+    rows = []
+    for inp in args.inputs:
+        for regime in args.regimes:
+            sizes = dict(benchmark="nlft", input=inp, regime=regime, batch=b, tokens=h.shape[1], **cfg)
+            base = Tail(vit, 1) if inp == "features" else vit
+            rows += measure(base, lambda m: apply_regime(m, regime, nlft_scope(m.vit if isinstance(m, Tail) else m)),
+                            h if inp == "features" else imgs, y, device, args.repeats, sizes,
+                            f"nlft-{inp}-{regime}")
+    return rows
+
+
+def fc_rows(args, device: str) -> list[dict]:
+    rows = []
+    for b in args.fc_batches:
+        for p in args.fc_dims:
+            torch.manual_seed(0)
+            base = nn.Sequential(nn.Linear(args.fc_in, p), nn.ReLU(), nn.Linear(p, 10)).to(device)
+            x = torch.randn(b, args.fc_in, device=device)
+            y = torch.randint(0, 10, (b,), device=device)
+            sizes = dict(benchmark="fc", batch=b, d_in=args.fc_in, d_hidden=p)
+            rows += measure(base, lambda m: None, x, y, device, args.repeats, sizes, f"fc-B{b}-p{p}")
+    return rows
+
+
+def ratio_table(rows: list[dict]) -> str:
+    by_case: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        case, mode = r["case"].rsplit(":", 1)
+        by_case.setdefault(case, {})[mode] = r
+    lines = [f"{'case':<28} {'non-private':>16} " + " ".join(f"{m + ' t/mem':>16}" for m in MODES[1:])]
+    for case, m in by_case.items():
+        t0, m0 = m["nonprivate"]["time_ms_median"], m["nonprivate"]["peak_mem_mb"]
+        cells = [f"{m[k]['time_ms_median'] / t0:6.2f}x/{m[k]['peak_mem_mb'] / max(m0, 1e-9):6.2f}x" for k in MODES[1:]]
+        lines.append(f"{case:<28} {t0:8.1f}ms/{m0:5.0f}MB " + " ".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--vit-b", action="store_true", help="ViT-B/16 at 224 px (random weights) for GPU runs")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
+    ap.add_argument("--out-dir", default="results/benchmarks")
+    args = ap.parse_args()
+    args.repeats = 5 if args.quick else 11
+    args.regimes = ["full", "fc"] if args.quick else ["full", "bitfit", "layernorm", "fc"]
+    args.inputs = ["features"] if args.quick else ["features", "images"]
+    args.fc_in = 128
+    args.fc_dims = [64, 512] if args.quick else [64, 256, 1024]
+    args.fc_batches = [32] if args.quick else [32, 128, 512]
+    if args.vit_b:
+        args.fc_in, args.fc_dims = 768, [768, 3072, 12288]
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    print(f"device={args.device} threads={torch.get_num_threads()}")
+    rows = nlft_rows(args, args.device) + fc_rows(args, args.device)
+    path = write_benchmark_rows("bench_dp", rows, args.out_dir)
+    print("\nDP / non-private (time x / peak memory x); goal: fast <= 1.3x time, <= 1.2x memory")
+    print(ratio_table(rows))
+    print(f"\nwrote {len(rows)} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()
