@@ -18,6 +18,7 @@ from pipeline_src.taft.jvp_layers import (
     TangentLayerScale,
     TangentLinear,
     delta_scale_grad_sample,
+    gelu_derivative,
     gelu_jvp,
 )
 
@@ -93,12 +94,15 @@ def test_gelu(act: nn.Module) -> None:
     y_ref, dy_ref = jvp(act, (x,), (t,))
     y, dy = TangentGELU(act)(x, t)
     assert rel_err(y, y_ref) < 1e-12 and rel_err(dy, dy_ref) < 1e-10
+    # The fused kernel equals the written-out derivative Φ(x) + x·φ(x) (or its tanh form).
+    approx = TangentGELU(act).approximate
+    assert rel_err(dy, gelu_derivative(x, approx) * t) < 1e-12
 
 
 def test_gelu_derivative_at_zero_is_half() -> None:
     # Φ(0) + 0·φ(0) = 1/2 exactly; the gelu(x)/(x+ε) shortcut gets this wrong.
     _, d = gelu_jvp(torch.zeros(1), torch.ones(1))
-    assert float(d) == 0.5
+    assert float(d) == 0.5 and float(gelu_derivative(torch.zeros(1))) == 0.5
 
 
 def test_layer_scale_and_grad_sampler() -> None:
@@ -160,4 +164,6 @@ def test_unsupported_layers_raise(bad, match: str) -> None:
 def test_gelu_bad_approximate_raises() -> None:
     with pytest.raises(ValueError, match="approximate"):
         gelu_jvp(torch.zeros(1), torch.zeros(1), "sigmoid")
+    with pytest.raises(ValueError, match="approximate"):
+        gelu_derivative(torch.zeros(1), "sigmoid")
     assert F.gelu(torch.zeros(1)).item() == 0.0

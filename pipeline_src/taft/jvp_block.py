@@ -71,21 +71,20 @@ class TangentAttention(nn.Module):
         B, N, _ = x.shape
         H, dh = self.num_heads, self.head_dim
         qkv, dqkv = self.qkv(x, t)  # (B, N, 3·H·dh) each
-        q, k, v = qkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, N, dh)
-        dq, dk, dv = dqkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        # (B, N, 3, H, dh) -> (3, B·H, N, dh): contiguous per-head matrices for bmm.
+        q, k, v = qkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).reshape(3, B * H, N, dh).unbind(0)
+        dq, dk, dv = dqkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).reshape(3, B * H, N, dh).unbind(0)
         q = q * self.scale
         dq = dq * self.scale
-        p = (q @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N); primal, no grad needed
-        # dS = [dQ, Q]·[K, dK]ᵀ: one batched matmul over a 2·dh inner dim.
-        ds = torch.cat([dq, q.expand_as(dq)], dim=-1) @ torch.cat([k.expand_as(dk), dk], dim=-1).transpose(-2, -1)
+        kt = k.transpose(1, 2)
+        p = torch.bmm(q, kt).softmax(dim=-1)  # (B·H, N, N); primal, needs no grad
+        ds = torch.baddbmm(torch.bmm(dq, kt), q, dk.transpose(1, 2))  # dQ·Kᵀ + Q·dKᵀ
         pds = p * ds
-        dp = pds - p * pds.sum(dim=-1, keepdim=True)  # (B, H, N, N)
-        # [A, P·dV] in one matmul, then dA = P·dV + dP·V.
-        out = p @ torch.cat([v.expand_as(dv), dv], dim=-1)  # (B, H, N, 2·dh)
-        a, pdv = out[..., :dh], out[..., dh:]
-        da = pdv + dp @ v
-        a = a.transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, N, H·dh)
-        da = da.transpose(1, 2).reshape(B, N, self.attn_dim)
+        dp = pds.sub_(p * pds.sum(dim=-1, keepdim=True))  # in place: mul/sum backward never read pds
+        a = torch.bmm(p, v)  # (B·H, N, dh)
+        da = torch.baddbmm(torch.bmm(p, dv), dp, v)  # P·dV + dP·V
+        a = a.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, N, H·dh)
+        da = da.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj(a, da)
 
 

@@ -1,0 +1,162 @@
+"""Benchmark of the closed-form tangent ViT (TAFT; Liu, Soatto et al., ICLR 2024).
+
+Measures, with runs of all cases interleaved and medians quoted:
+  (a) tangent forward (primal + JVP) of TAFT-1 and TAFT-all,
+  (b) the plain forward of the same network (timm default, fused SDPA; and unfused),
+  (c) the peer: torch.func.jvp + functional_call w.r.t. the same parameters,
+  (d) training steps/s from cached prefix features vs from images.
+Writes rows to results/benchmarks/bench_taft.parquet and prints a ratio table.
+
+    python benchmarks/bench_taft.py [--quick]           # small ViT on CPU
+    python benchmarks/bench_taft.py --vit-b --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
+from pipeline_src.taft.losses import get_loss  # noqa: E402
+from pipeline_src.taft.tangent_vit import TangentViT  # noqa: E402
+from pipeline_src.taft.train import tangent_step  # noqa: E402
+
+NAME = "bench_taft"
+
+
+def sizes_from_args(args: argparse.Namespace) -> dict:
+    if args.vit_b:
+        s = dict(img_size=224, patch_size=16, in_chans=3, embed_dim=768, depth=12, num_heads=12, num_classes=100)
+    elif args.quick:
+        s = dict(img_size=16, patch_size=4, in_chans=3, embed_dim=64, depth=4, num_heads=4, num_classes=10)
+    else:
+        s = dict(img_size=32, patch_size=4, in_chans=3, embed_dim=192, depth=6, num_heads=3, num_classes=10)
+    s["batch"] = args.batch or (8 if args.quick else 32)
+    return s
+
+
+def make_cases(sizes: dict, device: str) -> dict[str, Callable[[], object]]:
+    """Name -> zero-argument callable; forward cases run without autograd."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    vit_kw = {k: v for k, v in sizes.items() if k != "batch"}
+    base = VisionTransformer(**vit_kw).to(device).eval()
+    unfused = copy.deepcopy(base)
+    for blk in unfused.blocks:
+        blk.attn.fused_attn = False  # forward-mode AD cannot go through fused SDPA
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(sizes["batch"], sizes["in_chans"], sizes["img_size"], sizes["img_size"], generator=g).to(device)
+    y = torch.randint(0, sizes["num_classes"], (sizes["batch"],), generator=g).to(device)
+    loss_fn = get_loss("rsl", 1.0, 15.0)
+    cases: dict[str, Callable[[], object]] = {}
+
+    def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return fn()
+        return run
+
+    cases["plain_forward"] = no_grad(lambda: base(x))
+    cases["plain_forward_unfused"] = no_grad(lambda: unfused(x))
+    for label, k in (("taft1", 1), ("taftall", sizes["depth"])):
+        model = TangentViT(base, k, delta_init_std=1e-3).to(device).eval()
+        pairs = model.linearization_pairs()
+        names = list(pairs)
+        primals = tuple(w for w, _ in pairs.values())
+        tangents = tuple(d.detach() for _, d in pairs.values())
+
+        def func_jvp(names=names, primals=primals, tangents=tangents):
+            f = lambda *vals: torch.func.functional_call(unfused, dict(zip(names, vals)), (x,))  # noqa: E731
+            out, jout = torch.func.jvp(f, primals, tangents)
+            return out + jout
+
+        cases[f"tangent_forward_{label}"] = no_grad(lambda model=model: model(x))
+        cases[f"funcjvp_forward_{label}"] = no_grad(func_jvp)
+        feats = model.prefix(x)
+        opt = torch.optim.AdamW(model.delta_parameters(), lr=1e-5, weight_decay=0.0)
+        cases[f"train_step_features_{label}"] = (
+            lambda model=model, opt=opt, feats=feats: tangent_step(model, opt, feats, y, loss_fn, 1e-5))
+        cases[f"train_step_images_{label}"] = (
+            lambda model=model, opt=opt: tangent_step(model, opt, x, y, loss_fn, 1e-5, from_images=True))
+    return cases
+
+
+def run_interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int,
+                    device: str) -> dict[str, list[float]]:
+    """Wall times (ms) per case, one run of every case per round, rounds repeated."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def ratio_table(med: dict[str, float], mem: dict[str, float]) -> str:
+    """Markdown table of the headline ratios."""
+    def r(a: str, b: str, d: dict) -> str:
+        return f"{d[a] / d[b]:.2f}" if d.get(b) else "n/a"
+
+    lines = ["| comparison | time ratio | peak-memory ratio | goal |", "|---|---|---|---|"]
+    rows = [
+        ("TAFT-1 tangent fwd / plain fwd", "tangent_forward_taft1", "plain_forward", "≤ 1.15"),
+        ("TAFT-all tangent fwd / plain fwd", "tangent_forward_taftall", "plain_forward", "≤ 1.8"),
+        ("TAFT-1 tangent fwd / plain fwd (unfused)", "tangent_forward_taft1", "plain_forward_unfused", ""),
+        ("TAFT-all tangent fwd / plain fwd (unfused)", "tangent_forward_taftall", "plain_forward_unfused", ""),
+        ("TAFT-1 tangent fwd / torch.func.jvp", "tangent_forward_taft1", "funcjvp_forward_taft1", "≤ 1"),
+        ("TAFT-all tangent fwd / torch.func.jvp", "tangent_forward_taftall", "funcjvp_forward_taftall", "≤ 1"),
+        ("TAFT-1 train step: features / images", "train_step_features_taft1", "train_step_images_taft1", "< 1"),
+        ("TAFT-all train step: features / images", "train_step_features_taftall", "train_step_images_taftall", ""),
+    ]
+    for label, a, b, goal in rows:
+        lines.append(f"| {label} | {r(a, b, med)} | {r(a, b, mem)} | {goal} |")
+    lines.append("")
+    lines.append("| case | median ms | steps/s | peak MB |")
+    lines.append("|---|---|---|---|")
+    for name in med:
+        sps = f"{1e3 / med[name]:.2f}" if name.startswith("train_step") else ""
+        lines.append(f"| {name} | {med[name]:.1f} | {sps} | {mem[name]:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
+    ap.add_argument("--vit-b", action="store_true", help="ViT-B/16 at 224 px (random weights)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--out-dir", default="results/benchmarks")
+    args = ap.parse_args(argv)
+    sizes = sizes_from_args(args)
+    repeats = args.repeats or (3 if args.quick else 7)
+    cases = make_cases(sizes, args.device)
+    times = run_interleaved(cases, repeats, warmup=1, device=args.device)
+    mem = {name: peak_memory_mb(fn, args.device) for name, fn in cases.items()}
+    med = {name: statistics.median(t) for name, t in times.items()}
+    rows = [benchmark_row(NAME, name, args.device, sizes, times[name], mem[name]) for name in cases]
+    path = write_benchmark_rows(NAME, rows, args.out_dir)
+    print(f"device: {rows[0]['device']}; sizes: {json.dumps(sizes)}; repeats: {repeats}")
+    print(ratio_table(med, mem))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
