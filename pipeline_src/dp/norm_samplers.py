@@ -164,7 +164,8 @@ def _opacus_format(fn: SqNormFn) -> Callable:
 
 
 def check_fast_supported(model: nn.Module) -> None:
-    """Raise if a module owning trainable parameters has no fast norm sampler.
+    """Raise if a module owning trainable parameters has no fast norm sampler (ours, or
+    one of Opacus' own norm samplers such as nn.Embedding's).
 
     Args:
         model: the model about to be wrapped.
@@ -173,7 +174,8 @@ def check_fast_supported(model: nn.Module) -> None:
     """
     for name, m in model.named_modules():
         own = [n for n, p in m.named_parameters(recurse=False) if p.requires_grad]
-        if own and type(m) not in FAST_SQ_NORM_SAMPLERS:
+        # Opacus' own true ghost samplers (nn.Embedding) are kept in the merged table
+        if own and type(m) not in FAST_SQ_NORM_SAMPLERS and type(m) not in GradSampleHooksFastGradientClipping.NORM_SAMPLERS:
             raise NotImplementedError(
                 f"no fast norm sampler for module type {type(m).__module__}.{type(m).__qualname__} "
                 f"(module '{name or '<root>'}', trainable parameters {own}); freeze it, hold the parameter "
