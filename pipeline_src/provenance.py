@@ -6,8 +6,6 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-import torch
-
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,6 +28,8 @@ def state_digest(state: dict) -> str:
 
     Two models share a linearization point exactly when their base digests match.
     """
+    import torch  # lazily: the Snakefile imports this module at parse time
+
     h = hashlib.sha256()
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()

@@ -1,0 +1,61 @@
+"""Study reports: DuckDB queries over the results views → Markdown, CSV and PNG.
+
+Each report is a function `(con, out_dir) -> list[Path]` in `REPORTS`; the `report` rule
+runs them all, and `python -m pipeline_src.query` runs ad-hoc SQL over the same views.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pipeline_src.atomic import atomic_path, write_text  # noqa: E402
+
+ACCURACY_SQL = """
+SELECT method, any_value(kind) AS kind, shards,
+       CASE WHEN model = 'shard' AND shards > 1 THEN 'shard-mean' WHEN model = 'shard' THEN 'full-data' ELSE model END AS model,
+       avg(value) AS accuracy, count(*) AS models, count(DISTINCT seed) AS seeds
+FROM metrics
+WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain'
+GROUP BY ALL
+ORDER BY method, shards, model
+"""
+
+
+def _save_table(df, out_dir: Path, stem: str, title: str) -> list[Path]:
+    md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
+    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=".4f") + "\n", md)
+    write_text(df.to_csv(index=False), csv)
+    return [md, csv]
+
+
+def accuracy_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Test accuracy per method and shard count: full data, mean single shard, soup, ensemble."""
+    df = con.sql(ACCURACY_SQL).df()
+    paths = _save_table(df, out_dir, "accuracy", "Test accuracy by method, shard count and composition")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (method, model), g in df[df.model != "full-data"].groupby(["method", "model"]):
+        ax.plot(g.shards, g.accuracy, marker="o", label=f"{method} {model}")
+    for _, row in df[df.model == "full-data"].iterrows():
+        ax.axhline(row.accuracy, ls=":", lw=1, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("shards (N)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Accuracy vs shard count (dotted: full-data models)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    png = out_dir / "accuracy.png"
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return paths + [png]
+
+
+REPORTS: dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list[Path]]] = {
+    "accuracy": accuracy_report,
+}

@@ -1,0 +1,26 @@
+"""Per-job runtime set-up: device choice, thread count and seeds."""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def resolve_device(setting: str = "auto") -> torch.device:
+    """`auto` picks the GPU the job was given (CUDA_VISIBLE_DEVICES), else the CPU."""
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("config key 'device': 'cuda' requested but no GPU is visible to this job")
+    if setting in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def set_up_job(threads: int, seed: int) -> None:
+    """Pin torch to the job's declared threads and seed every generator."""
+    torch.set_num_threads(max(1, threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,1 @@
+"""Pipeline steps: one module per Snakemake rule, each with `main(args: StepArgs)`."""

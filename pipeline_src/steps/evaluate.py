@@ -1,0 +1,42 @@
+"""evaluate: accuracy and loss on the test split, one Parquet file per evaluated model.
+
+One input model is evaluated as itself; several are evaluated as their ensemble (mean logits).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pipeline_src.composition import ensemble_logits
+from pipeline_src.datasets import to_model_input
+from pipeline_src.evaluation import classification_metrics
+from pipeline_src.metrics import metric_rows, write_metrics
+from pipeline_src.model_io import load_tuned_model
+from pipeline_src.runtime import resolve_device, set_up_job
+from pipeline_src.sample_store import SampleStore
+from pipeline_src.step_args import StepArgs
+from pipeline_src.training import batched_apply
+
+
+def main(args: StepArgs) -> None:
+    cfg, w = args.config, args.wildcards
+    set_up_job(args.threads, int(w["seed"]))
+    device = resolve_device(cfg["device"])
+    t0 = time.perf_counter()
+    test = SampleStore(args.input.samples).split("target", "test")
+    all_logits, record = [], None
+    for path in args.input.models:
+        model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)
+        model.to(device).eval()
+        x = to_model_input(test.images, backbone_record["mean"], backbone_record["std"]).to(device)
+        all_logits.append(batched_apply(model, x).cpu())
+    logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
+    values = classification_metrics(logits, test.labels)
+    context = dict(
+        experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
+        kind=record["method_config"]["kind"], model=args.params["model"], shards=int(w["shards"]),
+        shard_id=args.params.get("shard_id"), seed=int(w["seed"]), split="test", num_samples=len(test.ids),
+    )
+    write_metrics(metric_rows(values, context=context, device=device, wall_time_s=time.perf_counter() - t0),
+                  args.output.metrics)
+    print(f"{w['method']} n{w['shards']} {args.params['model']}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))

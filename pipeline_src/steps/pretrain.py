@@ -1,0 +1,57 @@
+"""pretrain: produce the backbone every method starts from (and TAFT linearizes around).
+
+For `backbone.source: pretrain` a small timm ViT is trained on the *source* classes, which are
+disjoint from the downstream task; otherwise the timm model or checkpoint is imported.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from pipeline_src.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
+from pipeline_src.datasets import to_model_input
+from pipeline_src.metrics import metric_rows, write_metrics
+from pipeline_src.runtime import resolve_device, set_up_job
+from pipeline_src.sample_store import SampleStore
+from pipeline_src.step_args import StepArgs
+from pipeline_src.training import batched_apply, fit
+
+
+def main(args: StepArgs) -> None:
+    cfg = args.config
+    set_up_job(args.threads, cfg["seed"])
+    device = resolve_device(cfg["device"])
+    t0 = time.perf_counter()
+    if cfg["backbone"]["source"] != "pretrain":
+        model, record = external_backbone(cfg)
+        img = model.patch_embed.img_size
+        if tuple(img) != (cfg["dataset"]["img_size"],) * 2 and not getattr(model, "dynamic_img_size", False):
+            raise ValueError(f"config key 'dataset.img_size': backbone expects {tuple(img)} images, "
+                             f"dataset gives {cfg['dataset']['img_size']}")
+        save_backbone(model, record, args.output.model.rsplit("/", 1)[0])
+        write_metrics([], args.output.metrics)
+        return
+
+    store = SampleStore(args.input.samples)
+    mean, std = [m * cfg["dataset"]["in_chans"] for m in EMBEDDED_MEAN_STD]
+    kwargs = embedded_vit_kwargs(cfg, num_classes=store.num_classes("source"))
+    torch.manual_seed(cfg["seed"])
+    model = VisionTransformer(**kwargs).to(device)
+    train, test = store.split("source", "train"), store.split("source", "test")
+    x = to_model_input(train.images, mean, std).to(device)
+    p = cfg["backbone"]["pretrain"]
+    stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
+                batch_size=p["batch_size"], lr=p["lr"], weight_decay=0.05, seed=cfg["seed"], desc="pretrain")
+    model.eval()
+    logits = batched_apply(model, to_model_input(test.images, mean, std).to(device)).cpu()
+    acc = (logits.argmax(-1) == test.labels).double().mean().item()
+    print(f"pretrained on {len(train.ids)} source samples: source test accuracy {acc:.4f}")
+    save_backbone(model.cpu(), {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain"},
+                  args.output.model.rsplit("/", 1)[0])
+    context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method="pretrain", kind="pretrain",
+                   model="backbone", shards=1, shard_id=None, seed=cfg["seed"], split="source-test",
+                   num_samples=len(test.ids))
+    write_metrics(metric_rows({"accuracy": acc, "train_loss": stats["train_loss"]}, context=context, device=device,
+                              wall_time_s=time.perf_counter() - t0), args.output.metrics)

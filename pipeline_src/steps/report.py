@@ -1,0 +1,16 @@
+"""report: run every report over the DuckDB views of `results/`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline_src.report import REPORTS
+from pipeline_src.results_db import connect
+from pipeline_src.step_args import StepArgs
+
+
+def main(args: StepArgs) -> None:
+    out_dir = Path(args.output.accuracy_md).parent
+    con = connect(args.params["results_dir"])
+    for name, report in REPORTS.items():
+        for path in report(con, out_dir):
+            print(f"{name}: wrote {path}")

@@ -1,0 +1,72 @@
+"""One plain training loop (AdamW, seeded shuffling, progress bar) shared by the methods."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)
+
+
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"cross_entropy": cross_entropy}
+
+
+def fit(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    params: list[torch.nn.Parameter],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    seed: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+    desc: str = "train",
+) -> dict[str, float]:
+    """Minimise `loss_fn(forward(x), y)` over `params` with AdamW.
+
+    Args:
+        forward: maps a batch of `inputs` to logits.
+        params: the parameters to train (everything else is frozen).
+        inputs, labels: the whole training set, already on the training device.
+        seed: seeds the batch order (a generator of its own, so no global RNG is touched).
+    Returns:
+        The last epoch's mean loss and the wall time.
+    """
+    if len(inputs) == 0:
+        raise ValueError(f"{desc}: no training samples")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    steps_per_epoch = -(-len(inputs) // batch_size)
+    t0 = time.perf_counter()
+    bar = tqdm(total=epochs * steps_per_epoch, desc=desc, file=sys.stderr, mininterval=2.0, disable=None)
+    epoch_loss = float("nan")
+    for _ in range(epochs):
+        order = torch.randperm(len(inputs), generator=gen).to(inputs.device)
+        total = 0.0
+        for start in range(0, len(inputs), batch_size):
+            idx = order[start:start + batch_size]
+            loss = loss_fn(forward(inputs[idx]), labels[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+            bar.update(1)
+        epoch_loss = total / len(inputs)
+        bar.set_postfix(loss=f"{epoch_loss:.4f}")
+    bar.close()
+    return {"train_loss": epoch_loss, "train_seconds": time.perf_counter() - t0}
+
+
+@torch.no_grad()
+def batched_apply(fn: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """Apply `fn` to `inputs` in chunks and concatenate (for features and evaluation)."""
+    return torch.cat([fn(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)])

@@ -1,0 +1,44 @@
+"""Split a timm VisionTransformer into a frozen prefix and a trainable tail.
+
+The prefix (patch embedding, positional embedding and the first `start` blocks) runs once
+per image, so its output can be cached; the tail (the remaining blocks, final norm, pooling
+and head) is what fine-tuning methods train.
+"""
+from __future__ import annotations
+
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+
+def embed_tokens(model: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
+    """Images (B, C, H, W) → tokens (B, N, D) before the first block."""
+    x = model.patch_embed(x)
+    x = model._pos_embed(x)
+    x = model.patch_drop(x)
+    return model.norm_pre(x)
+
+
+def vit_prefix(model: VisionTransformer, x: torch.Tensor, start: int) -> torch.Tensor:
+    """Tokens (B, N, D) after the first `start` blocks."""
+    h = embed_tokens(model, x)
+    for blk in model.blocks[:start]:
+        h = blk(h)
+    return h
+
+
+def vit_tail(model: VisionTransformer, h: torch.Tensor, start: int) -> torch.Tensor:
+    """Logits from the tokens entering block `start` (blocks[start:], norm, pool, head)."""
+    for blk in model.blocks[start:]:
+        h = blk(h)
+    return model.forward_head(model.norm(h))
+
+
+def reset_head(model: VisionTransformer, num_classes: int, seed: int) -> None:
+    """Replace the classifier by a fresh `num_classes` head, initialised from `seed` only.
+
+    Every shard of a study uses the same seed, so all shard models start from one head (which
+    soups need, and which TAFT's shared linearization point requires).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.reset_classifier(num_classes)

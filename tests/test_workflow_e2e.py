@@ -1,0 +1,77 @@
+"""A real Snakemake run of the tiny `.test` study, then dry runs against it."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if check and proc.returncode:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
+    return re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, flags=re.M)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("study")
+    shutil.copy(REPO / ".test" / "config.yaml", workdir / "config.yaml")
+    snakemake(workdir, "--cores", "2")
+    return workdir
+
+
+def test_study_runs_to_a_report_with_every_model(study):
+    cfg = yaml.safe_load((study / "config.yaml").read_text())
+    for name in ("accuracy.md", "accuracy.csv", "accuracy.png"):
+        assert (study / "results" / "report" / name).stat().st_size > 0
+    con = duckdb.connect()
+    rows = con.sql(f"""SELECT method, shards, model, shard_id, value FROM
+        read_parquet('{study}/results/metrics/evaluate/**/*.parquet', union_by_name=true)
+        WHERE metric = 'accuracy'""").fetchall()
+    # per method: the full-data model, 2 shard models, their soup and their ensemble
+    assert len(rows) == len(cfg["methods"]) * (1 + 2 + 2)
+    assert all(0.0 <= r[-1] <= 1.0 for r in rows)
+    # every model records its sample ids, and shard models partition the training split
+    records = con.sql(f"SELECT shard_id, sample_ids FROM read_json_auto('{study}/results/train/fc/n2_s0/*.json')").fetchall()
+    ids = [i for _, s in records for i in s]
+    assert len(ids) == len(set(ids)) > 0
+
+
+def test_nothing_to_do_after_the_run(study):
+    proc = snakemake(study, "-n", "--cores", "2")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_changing_the_shard_count_reruns_only_its_dependants(study):
+    proc = snakemake(study, "-n", "--cores", "2", "--config", "shards=[1,3]")
+    outputs = " ".join(planned_outputs(proc))
+    assert "n3_s0" in outputs and "results/report/accuracy.md" in outputs
+    assert not re.search(r"n1_s0|n2_s0|results/prepare/|results/pretrain/", outputs), outputs
+
+
+def test_invalid_config_fails_before_any_job(tmp_path):
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["methods"]["nlft-1"]["k"] = "one"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake(tmp_path, "--cores", "1", check=False)
+    assert proc.returncode != 0
+    assert "methods.nlft-1.k" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()

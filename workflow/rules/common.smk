@@ -1,0 +1,44 @@
+# Validation, paths and input functions shared by all rules.
+import sys
+
+sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
+
+from pipeline_src.config import ConfigError, validate_config
+
+try:
+    _validated = validate_config(config)
+except ConfigError as err:
+    raise WorkflowError(f"Invalid config: {err}") from None
+config.clear()
+config.update(_validated)
+
+R = "results"
+METHODS = list(config["methods"])
+SHARDS = config["shards"]
+SEEDS = config["seeds"]
+RES = config["resources"]
+
+
+wildcard_constraints:
+    method="|".join(METHODS),
+    shards=r"\d+",
+    seed=r"\d+",
+    shard=r"\d+",
+
+
+def shard_models(w):
+    """The N shard model files of one method, shard count and seed."""
+    return [f"{R}/train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
+
+
+def evaluation_targets():
+    """Every metrics file of the study: each shard model, and each composition for N > 1."""
+    out = []
+    for m in METHODS:
+        for n in SHARDS:
+            for s in SEEDS:
+                base = f"{R}/metrics/evaluate/{m}/n{n}_s{s}"
+                out += [f"{base}/shard{i}.parquet" for i in range(n)]
+                if n > 1:
+                    out += [f"{base}/{c}.parquet" for c in config["compositions"]]
+    return out

@@ -1,0 +1,42 @@
+rule prepare:
+    output:
+        samples=f"{R}/prepare/samples.parquet",
+        images=f"{R}/prepare/images.safetensors",
+    log:
+        f"{R}/logs/prepare/prepare.log",
+    benchmark:
+        f"{R}/logs/prepare/prepare.bench.tsv"
+    script:
+        "../scripts/prepare.py"
+
+
+rule pretrain:
+    input:
+        samples=rules.prepare.output.samples,
+    output:
+        model=f"{R}/pretrain/model.safetensors",
+        record=f"{R}/pretrain/backbone.json",
+        metrics=f"{R}/metrics/pretrain/backbone.parquet",
+    log:
+        f"{R}/logs/pretrain/pretrain.log",
+    benchmark:
+        f"{R}/logs/pretrain/pretrain.bench.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        gpu=RES["gpu"],
+    script:
+        "../scripts/pretrain.py"
+
+
+rule split:
+    input:
+        samples=rules.prepare.output.samples,
+    output:
+        manifest=f"{R}/split/n{{shards}}_s{{seed}}/manifest.parquet",
+    log:
+        f"{R}/logs/split/n{{shards}}_s{{seed}}.log",
+    benchmark:
+        f"{R}/logs/split/n{{shards}}_s{{seed}}.bench.tsv"
+    script:
+        "../scripts/split.py"
