@@ -131,6 +131,9 @@ def test_block_subset_and_parts():
     x = torch.randn(2, 1, 16, 16, dtype=torch.float64)
     with torch.no_grad():
         assert_close_rel(forward(out, 4, True, x), b(x))
+    serial, threaded = (match_to_anchor(sd_a, sd_b, num_heads=4, workers=w) for w in (1, 2))
+    for k in serial:
+        assert torch.equal(serial[k], threaded[k]), k
     out = match_to_anchor(sd_a, sd_b, num_heads=4, attention=False)
     assert out["blocks.0.attn.qkv.weight"] is sd_b["blocks.0.attn.qkv.weight"]
     assert out["blocks.0.mlp.fc1.weight"] is not sd_b["blocks.0.mlp.fc1.weight"]

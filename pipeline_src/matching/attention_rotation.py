@@ -119,8 +119,9 @@ def _unstack_vo(stack: torch.Tensor, like: HeadWeights) -> dict:
 
 def procrustes_rotations(m: torch.Tensor) -> torch.Tensor:
     """Batched orthogonal Procrustes: R = U·Vᵀ maximising tr(Rᵀ·M) for each (d, d) slice of M."""
-    u, _, vh = torch.linalg.svd(m)
-    return u @ vh
+    low = m.dtype not in (torch.float32, torch.float64)  # no half-precision SVD kernels
+    u, _, vh = torch.linalg.svd(m.float() if low else m)
+    return (u @ vh).to(m.dtype)
 
 
 def assignment_permutations(m: torch.Tensor) -> torch.Tensor:

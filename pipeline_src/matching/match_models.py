@@ -14,7 +14,9 @@ attention gates, GLU MLPs, MLP norm) are refused with an error naming the key.
 """
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import torch
@@ -48,6 +50,19 @@ def _attention(sd: dict, base: str) -> HeadWeights:
     return HeadWeights(q=q, k=k, v=v, o=sd[f"{base}attn.proj.weight"], bq=bq, bk=bk, bv=bv)
 
 
+def _match_ffn(anchor_sd: dict, model_sd: dict, base: str) -> dict:
+    """Permuted fc1 weight/bias and fc2 weight of one block, keyed by state-dict name."""
+    a1, a2 = (sd[f"{base}mlp.fc1.weight"] for sd in (anchor_sd, model_sd))
+    b1, b2 = (sd.get(f"{base}mlp.fc1.bias") for sd in (anchor_sd, model_sd))
+    c1, c2 = (sd[f"{base}mlp.fc2.weight"] for sd in (anchor_sd, model_sd))
+    perm = ffn_permutation(ffn_similarity(a1, b1, c1, a2, b2, c2))
+    fc1_w, fc1_b, fc2_w = permute_ffn(perm, a2, b2, c2)
+    out = {f"{base}mlp.fc1.weight": fc1_w, f"{base}mlp.fc2.weight": fc2_w}
+    if fc1_b is not None:
+        out[f"{base}mlp.fc1.bias"] = fc1_b
+    return out
+
+
 def match_to_anchor(
     anchor_sd: dict,
     model_sd: dict,
@@ -60,6 +75,7 @@ def match_to_anchor(
     rotation: bool = True,
     head_permutation: bool = False,
     prefix: str = "",
+    workers: int | None = None,
 ) -> dict:
     """Return `model_sd` transformed (same function) to be close to `anchor_sd`.
 
@@ -76,6 +92,8 @@ def match_to_anchor(
             permutation-symmetry baseline) if False.
         head_permutation: also permute whole heads before the within-head step.
         prefix: key prefix of the VisionTransformer inside the state dict (e.g. "backbone.").
+        workers: threads for the per-block FFN assignments (scipy's Hungarian solver releases
+            the GIL, and it dominates the time: ~1-2 s per ViT-B block); default os.cpu_count().
     """
     all_blocks = block_indices(model_sd, prefix)
     if not all_blocks:
@@ -86,34 +104,33 @@ def match_to_anchor(
     missing = sorted(set(chosen) - set(all_blocks))
     if missing:
         raise ValueError(f"match_models: blocks {missing} not in the model (has {all_blocks})")
-    out = dict(model_sd)
-    for i in chosen:
+    for i in chosen:  # validate everything before any work starts
         base = f"{prefix}blocks.{i}."
-        if attention:
-            for sd in (anchor_sd, model_sd):
+        for sd in (anchor_sd, model_sd):
+            if attention:
                 _check_supported(sd, base, "attn", _ATTN_KEYS)
-            if (f"{base}attn.qkv.bias" in anchor_sd) != (f"{base}attn.qkv.bias" in model_sd):
-                raise ValueError(f"match_models: '{base}attn.qkv.bias' present in only one model")
+            if ffn:
+                _check_supported(sd, base, "mlp", _MLP_KEYS)
+                if sd[f"{base}mlp.fc1.weight"].shape[0] != sd[f"{base}mlp.fc2.weight"].shape[1]:
+                    raise ValueError(f"match_models: '{base}mlp.fc1' outputs != fc2 inputs (gated MLP?); "
+                                     "FFN matching unsupported")
+        if attention and (f"{base}attn.qkv.bias" in anchor_sd) != (f"{base}attn.qkv.bias" in model_sd):
+            raise ValueError(f"match_models: '{base}attn.qkv.bias' present in only one model")
+    out = dict(model_sd)
+    n_workers = max(1, min(workers or os.cpu_count() or 1, len(chosen)))
+    with ThreadPoolExecutor(n_workers) as pool:
+        # The FFN assignments (the slow part) run in threads while attention is matched here.
+        ffn_jobs = [pool.submit(_match_ffn, anchor_sd, model_sd, f"{prefix}blocks.{i}.") for i in chosen] if ffn else []
+        for i in chosen if attention else []:
+            base = f"{prefix}blocks.{i}."
             m = match_attention_heads(_attention(anchor_sd, base), _attention(model_sd, base), num_heads,
                                       rotation=rotation, scaling=scaling, head_permutation=head_permutation)
             out[f"{base}attn.qkv.weight"] = torch.cat([m.q, m.k, m.v], dim=0)
             if m.bq is not None:
                 out[f"{base}attn.qkv.bias"] = torch.cat([m.bq, m.bk, m.bv], dim=0)
             out[f"{base}attn.proj.weight"] = m.o
-        if ffn:
-            for sd in (anchor_sd, model_sd):
-                _check_supported(sd, base, "mlp", _MLP_KEYS)
-            a1, a2 = (sd[f"{base}mlp.fc1.weight"] for sd in (anchor_sd, model_sd))
-            b1, b2 = (sd.get(f"{base}mlp.fc1.bias") for sd in (anchor_sd, model_sd))
-            c1, c2 = (sd[f"{base}mlp.fc2.weight"] for sd in (anchor_sd, model_sd))
-            if a2.shape[0] != c2.shape[1]:
-                raise ValueError(f"match_models: '{base}mlp.fc1' has {a2.shape[0]} outputs but fc2 takes "
-                                 f"{c2.shape[1]} (gated MLP?); FFN matching unsupported")
-            perm = ffn_permutation(ffn_similarity(a1, b1, c1, a2, b2, c2))
-            fc1_w, fc1_b, fc2_w = permute_ffn(perm, a2, b2, c2)
-            out[f"{base}mlp.fc1.weight"], out[f"{base}mlp.fc2.weight"] = fc1_w, fc2_w
-            if fc1_b is not None:
-                out[f"{base}mlp.fc1.bias"] = fc1_b
+        for job in ffn_jobs:
+            out.update(job.result())
     return out
 
 
