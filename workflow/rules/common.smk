@@ -1,4 +1,5 @@
 # Validation, paths and input functions shared by all rules.
+import json
 import sys
 
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
@@ -24,6 +25,14 @@ wildcard_constraints:
     shards=r"\d+",
     seed=r"\d+",
     shard=r"\d+",
+
+
+def training_signature(w):
+    """Canonical JSON of everything that determines a trained model besides its inputs, so
+    editing a method's settings reruns exactly its jobs (and reordering keys reruns nothing)."""
+    method = config["methods"][w.method]
+    settings = {k: method.get(k, v) for k, v in config["train"].items()}
+    return json.dumps({"method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True)
 
 
 def shard_models(w):

@@ -7,7 +7,7 @@ rule train:
         model=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
     params:
-        method_config=lambda w: config["methods"][w.method],
+        signature=training_signature,
     log:
         f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     benchmark:
