@@ -143,10 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out-dir", default="results/benchmarks")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sizes = sizes_from_args(args)
-    repeats = args.repeats or (3 if args.quick else 7)
+    repeats = args.repeats or (3 if args.quick else 5)
     cases = make_cases(sizes, args.device)
     times = run_interleaved(cases, repeats, warmup=1, device=args.device)
     mem = {name: peak_memory_mb(fn, args.device) for name, fn in cases.items()}
