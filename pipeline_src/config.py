@@ -91,11 +91,16 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
         root = cfg["dataset"]["path"]
         if not root or not Path(root).is_dir():
             raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {root}")
+    kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
+    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay"}
     for name, method in cfg["methods"].items():
-        if method["kind"] == "nlft":
+        for key in method:
+            if key not in shared and key not in kind_keys[method["kind"]]:
+                raise ConfigError(f"config key 'methods.{name}.{key}': not an option of kind '{method['kind']}'")
+        if method["kind"] in ("nlft", "taft"):
             k = method.get("k")
             if k is None:
-                raise ConfigError(f"config key 'methods.{name}.k': required for kind 'nlft'")
+                raise ConfigError(f"config key 'methods.{name}.k': required for kind '{method['kind']}'")
             if cfg["backbone"]["source"] == "pretrain" and k > depth:
                 raise ConfigError(f"config key 'methods.{name}.k': {k} exceeds backbone depth {depth}")
     if count_samples:

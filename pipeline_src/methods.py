@@ -2,8 +2,8 @@
 
 Each method builds a *tuned model* from the backbone: an `nn.Module` with
 `prefix(x)` (frozen, cacheable features), `forward_from_prefix(h)` (logits),
-`trainable_state()` and `load_trainable_state(state)`. Training, composition and
-evaluation only use that interface.
+`trainable_state()` and `load_trainable_state(state)`, and trains it with its own `train`
+function. Training, caching, composition and evaluation only use that interface.
 """
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.finetune import TailFineTune
+from pipeline_src.taft.tangent_vit import TangentViT
+from pipeline_src.taft.train import train_tangent
+from pipeline_src.training import cross_entropy, fit
 from pipeline_src.vit_parts import reset_head
 
 
@@ -25,20 +28,23 @@ class TunedModel(Protocol):
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
+TrainFn = Callable[[TunedModel, torch.Tensor, torch.Tensor, dict, int, str], dict]
+
+
 @dataclass(frozen=True)
 class Method:
     """A registered fine-tuning method.
 
     Args:
         kind: the config's `kind`.
-        build: (backbone copy with downstream head, method config) → tuned model.
-        loss: default training loss name.
+        build: (backbone copy with the downstream head, method config) → tuned model.
+        train: (model, prefix features, labels, settings, seed, description) → stats.
         paper: the method's reference.
     """
 
     kind: str
     build: Callable[[VisionTransformer, dict], TunedModel]
-    loss: str
+    train: TrainFn
     paper: str
 
 
@@ -66,9 +72,60 @@ def build_tuned_model(backbone: VisionTransformer, method_cfg: dict, num_classes
     return get_method(method_cfg["kind"]).build(model, method_cfg)
 
 
-register_method(Method("fc", lambda m, c: TailFineTune(m, k=0), "cross_entropy",
-                       "Linear probing (head only)."))
-register_method(Method("nlft", lambda m, c: TailFineTune(m, k=c["k"]), "cross_entropy",
-                       "Non-linear fine-tuning of the last k blocks (Liu & Soatto et al., ICLR 2024, Table 1)."))
-register_method(Method("full", lambda m, c: TailFineTune(m, k=len(m.blocks), full=True), "cross_entropy",
-                       "Full fine-tuning."))
+# ---------------------------------------------------------------- non-linear baselines
+def train_cross_entropy(model: TunedModel, features, labels, settings: dict, seed: int, desc: str) -> dict:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return fit(model.forward_from_prefix, params, features, labels, epochs=settings["epochs"],
+               batch_size=settings["batch_size"], lr=settings["lr"], weight_decay=settings["weight_decay"],
+               seed=seed, loss_fn=cross_entropy, desc=desc)
+
+
+register_method(Method(
+    "fc", lambda m, c: TailFineTune(m, k=0), train_cross_entropy,
+    "Linear probing (head only)."))
+register_method(Method(
+    "nlft", lambda m, c: TailFineTune(m, k=c["k"]), train_cross_entropy,
+    "Non-linear fine-tuning of the last k blocks (Liu & Soatto et al., ICLR 2024, Table 1)."))
+register_method(Method(
+    "full", lambda m, c: TailFineTune(m, k=len(m.blocks), full=True), train_cross_entropy,
+    "Full fine-tuning."))
+
+
+# ---------------------------------------------------------------- tangent transformers
+class TangentTuned(TangentViT):
+    """A `TangentViT` seen through the tuned-model interface: its trained state is Δw."""
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return self.delta_state_dict()
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.load_delta_state_dict(state)
+
+
+TAFT_DEFAULTS = {"reset": False, "reset_cls": False, "jvp_only": False, "loss": "rsl", "alpha": 1.0,
+                 "kappa": 15.0, "l2": 1e-5, "radius": None}
+
+
+def taft_options(cfg: dict) -> dict:
+    return {**TAFT_DEFAULTS, **{k: v for k, v in cfg.items() if k in TAFT_DEFAULTS}}
+
+
+def build_taft(model: VisionTransformer, cfg: dict) -> TangentTuned:
+    o = taft_options(cfg)
+    # The reset seed is fixed (not the shard's), so every shard shares one linearization point.
+    return TangentTuned(model, k=cfg["k"], reset=o["reset"], reset_seed=0, reset_cls=o["reset_cls"],
+                        jvp_only=o["jvp_only"])
+
+
+def train_taft(model: TangentTuned, features, labels, settings: dict, seed: int, desc: str) -> dict:
+    o = taft_options(settings["method"])
+    out = train_tangent(model, features, labels, epochs=settings["epochs"], batch_size=settings["batch_size"],
+                        lr=settings["lr"], weight_decay_l2=o["l2"], loss=o["loss"], alpha=o["alpha"],
+                        kappa=o["kappa"], radius=o["radius"], seed=seed,
+                        progress=lambda e, loss: print(f"{desc}: epoch {e + 1} loss {loss:.4f}", flush=True))
+    return {"train_loss": out["loss_history"][-1], "steps": out["steps"], "linearization_id": model.linearization_id()}
+
+
+register_method(Method(
+    "taft", build_taft, train_taft,
+    "Tangent transformers (Liu, Soatto et al., 'Tangent Transformers for Composition, Privacy and Removal', ICLR 2024)."))

@@ -55,6 +55,15 @@ def test_study_runs_to_a_report_with_every_model(study):
     assert len(ids) == len(set(ids)) > 0
 
 
+def test_taft_composition_equals_the_ensemble_of_its_shards(study):
+    # The tangent model is linear in Δw, so the composed model IS the ensemble: equal metrics.
+    con = duckdb.connect()
+    acc = dict(con.sql(f"""SELECT model || '/' || metric, value FROM
+        read_parquet('{study}/results/metrics/evaluate/taft-1/n2_s0/*.parquet')""").fetchall())
+    assert acc["soup/accuracy"] == acc["ensemble/accuracy"]
+    assert abs(acc["soup/loss"] - acc["ensemble/loss"]) < 1e-5
+
+
 def test_nothing_to_do_after_the_run(study):
     proc = snakemake(study, "-n", "--cores", "2")
     assert "Nothing to be done" in proc.stdout + proc.stderr

@@ -1,25 +1,46 @@
-"""compose: the model soup of a method's shard models (ensembles are formed at evaluation)."""
+"""compose: one model from a method's shard models (ensembles are formed at evaluation).
+
+For non-linear methods this is the model soup. For `taft` it is the weighted sum of the shard
+Δw, which equals the weighted ensemble of the shard tangent models exactly (the model is linear
+in Δw); the components must share one linearization point, and are refused otherwise.
+"""
 from __future__ import annotations
 
 from pipeline_src.composition import average_states
 from pipeline_src.model_io import load_model, save_model
 from pipeline_src.step_args import StepArgs
+from pipeline_src.taft.compose import check_same_linearization, compose_deltas
+
+
+def composition_weights(records: list[dict], scheme: str) -> list[float]:
+    """`uniform`, or proportional to each shard's number of training samples (`size`)."""
+    if scheme == "size":
+        sizes = [r["num_samples"] for r in records]
+        return [s / sum(sizes) for s in sizes]
+    return [1.0 / len(records)] * len(records)
 
 
 def main(args: StepArgs) -> None:
     loaded = [load_model(p) for p in args.input.models]
-    states, records = zip(*loaded)
+    states, records = [list(x) for x in zip(*loaded)]
     digests = {r["backbone_digest"] for r in records}
     if len(digests) != 1:
         raise ValueError("compose: shard models were trained from different backbones; refusing to average")
     first = records[0]
+    weights = composition_weights(records, args.config["compose_weights"])
+    if first["method_config"]["kind"] == "taft":
+        check_same_linearization([r["linearization_id"] for r in records])
+        state = compose_deltas(states, weights)
+    else:
+        state = average_states(states, weights)
     record = {
         "kind": "composed", "composition": "soup", "method": first["method"], "method_config": first["method_config"],
         "experiment": first["experiment"], "shards": first["shards"], "seed": first["seed"],
         "head_seed": first["head_seed"], "num_classes": first["num_classes"], "backbone_digest": digests.pop(),
+        "linearization_id": first.get("linearization_id"), "weights": weights,
         "components": [{"path": p, "shard_id": r["shard_id"], "num_samples": r["num_samples"]}
                        for p, r in zip(args.input.models, records)],
         "sample_ids": sorted(i for r in records for i in r["sample_ids"]),
     }
-    save_model(average_states(list(states)), record, args.output.model)
-    print(f"soup of {len(states)} {first['method']} shard models")
+    save_model(state, record, args.output.model)
+    print(f"composed {len(states)} {first['method']} shard models with weights {weights}")

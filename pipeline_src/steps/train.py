@@ -15,7 +15,8 @@ from pipeline_src.runtime import resolve_device, set_up_job
 from pipeline_src.sample_store import SampleStore
 from pipeline_src.sharding import shard_ids
 from pipeline_src.step_args import StepArgs
-from pipeline_src.training import LOSSES, batched_apply, fit
+from pipeline_src.steps.features import load_rows
+from pipeline_src.training import batched_apply
 
 
 def train_settings(cfg: dict, method_cfg: dict) -> dict:
@@ -40,13 +41,14 @@ def main(args: StepArgs) -> None:
     model = build_tuned_model(backbone, method_cfg, num_classes, head_seed).to(device)
 
     t0 = time.perf_counter()
-    x = to_model_input(data.images, backbone_record["mean"], backbone_record["std"]).to(device)
-    features = batched_apply(model.prefix, x)  # the frozen prefix runs once per image
-    params = [p for p in model.parameters() if p.requires_grad]
-    stats = fit(model.forward_from_prefix, params, features, data.labels.to(device), epochs=settings["epochs"],
-                batch_size=settings["batch_size"], lr=settings["lr"], weight_decay=settings["weight_decay"],
-                seed=seed * 1000 + shard, loss_fn=LOSSES[get_method(method_cfg["kind"]).loss],
-                desc=f"{name} n{shards} shard {shard}")
+    if "features" in args.input._names:  # the frozen prefix was cached by the `features` rule
+        features = load_rows(args.input.features, [store.row_of[i] for i in ids]).to(device)
+    else:
+        x = to_model_input(data.images, backbone_record["mean"], backbone_record["std"]).to(device)
+        features = batched_apply(model.prefix, x)
+    method = get_method(method_cfg["kind"])
+    stats = method.train(model, features, data.labels.to(device), {**settings, "method": method_cfg},
+                         seed * 1000 + shard, f"{name} n{shards} shard {shard}")
     record = {
         "kind": "trained", "method": name, "method_config": method_cfg, "train_settings": settings,
         "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": head_seed,

@@ -5,6 +5,7 @@ import sys
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
 
 from pipeline_src.config import ConfigError, validate_config
+from pipeline_src.method_kinds import cached_blocks
 
 try:
     _validated = validate_config(config)
@@ -25,6 +26,7 @@ wildcard_constraints:
     shards=r"\d+",
     seed=r"\d+",
     shard=r"\d+",
+    k=r"\d+",
 
 
 def training_signature(w):
@@ -33,6 +35,18 @@ def training_signature(w):
     method = config["methods"][w.method]
     settings = {k: method.get(k, v) for k, v in config["train"].items()}
     return json.dumps({"method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True)
+
+
+def train_inputs(w):
+    inputs = {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "manifest": f"{R}/split/n{w.shards}_s{w.seed}/manifest.parquet",
+    }
+    k = cached_blocks(config["methods"][w.method])
+    if config["features"]["cache"] and k is not None:
+        inputs["features"] = f"{R}/features/last{k}/features.safetensors"
+    return inputs
 
 
 def shard_models(w):

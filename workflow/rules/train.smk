@@ -1,8 +1,24 @@
-rule train:
+rule features:
     input:
         samples=rules.prepare.output.samples,
         backbone=rules.pretrain.output.model,
-        manifest=rules.split.output.manifest,
+    output:
+        features=f"{R}/features/last{{k}}/features.safetensors",
+    log:
+        f"{R}/logs/features/last{{k}}.log",
+    benchmark:
+        f"{R}/logs/features/last{{k}}.bench.tsv"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        gpu=RES["gpu"],
+    script:
+        "../scripts/features.py"
+
+
+rule train:
+    input:
+        unpack(train_inputs),
     output:
         model=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
