@@ -47,9 +47,11 @@ def test_without_bias_correction_sums_features():
     assert (random_up.representation(feats) - feats[2]).abs().max() > 1e-3  # B != 0 changes it
 
 
-def test_lsa_matches_sdpa_reference():
+@pytest.mark.parametrize("fused", [True, False])
+def test_lsa_matches_reference(fused):
     torch.manual_seed(0)
     lsa = LowRankSelfAttention(32, 12, 3).double()
+    lsa.fused_attn = fused
     lsa.reset_parameters(torch.Generator().manual_seed(1))
     with torch.no_grad():
         lsa.a_q.bias.normal_()
@@ -57,7 +59,7 @@ def test_lsa_matches_sdpa_reference():
     x = torch.randn(2, 17, 32, dtype=torch.float64)
     y = F.layer_norm(x, (32,), lsa.norm.weight, lsa.norm.bias, eps=1e-6)
     q, k, v = (lin(y).view(2, 17, 3, 4).transpose(1, 2) for lin in (lsa.a_q, lsa.a_k, lsa.a_v))
-    o = F.scaled_dot_product_attention(q, k, v)  # default scale 1/sqrt(r/n) = 1/2
+    o = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1) @ v  # scale 1/sqrt(r/n) = 1/2
     ref = x + lsa.b(o.transpose(1, 2).reshape(2, 17, 12))
     torch.testing.assert_close(lsa(x), ref, rtol=0, atol=1e-12)
 

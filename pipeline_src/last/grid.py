@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.func import functional_call, stack_module_state, vmap
 
 from pipeline_src.last.features import feature_keys, side_inputs
+from pipeline_src.last.side_network import LowRankSelfAttention
 from pipeline_src.last.train import (ADAM_BETAS, ADAM_EPS, ARCH_KEYS, Progress, batch_order, build_side_network,
                                      check_dataset, normalize_member)
 
@@ -38,6 +39,9 @@ class _Group:
         self.index, self.every, self.depth = index, nets[0].every, nets[0].depth
         self.params, self.buffers = stack_module_state(nets)  # name -> (M, *shape), leaf, requires_grad
         self.base = copy.deepcopy(nets[0]).to("meta")  # stateless skeleton for functional_call
+        for mod in self.base.modules():
+            if isinstance(mod, LowRankSelfAttention):
+                mod.fused_attn = False  # SDPA has no vmap batching rule (falls back to a slow loop)
         ref = next(iter(self.params.values()))
         self.lr = torch.tensor([m["lr"] for m in members], dtype=ref.dtype, device=ref.device)  # (M,)
         self.wd = torch.tensor([m["weight_decay"] for m in members], dtype=ref.dtype, device=ref.device)

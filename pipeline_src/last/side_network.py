@@ -26,6 +26,7 @@ import copy
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer, global_pool_nlc
 from torch import Tensor
 
@@ -35,8 +36,10 @@ from pipeline_src.last.features import check_every
 class LowRankSelfAttention(nn.Module):
     """One LSA module: x + B(MHA_r(A_Q·LN(x), A_K·LN(x), A_V·LN(x))). No FFN.
 
-    Attention runs on r dims split into n heads with scale 1/sqrt(r/n). It is written out
-    (not fused SDPA) so it can be vmapped over many side networks and differentiated freely.
+    Attention runs on r dims split into n heads with scale 1/sqrt(r/n). With `fused_attn`
+    (default, like timm's Attention) it uses `F.scaled_dot_product_attention`, which does not
+    keep the N x N attention map for backward; set `fused_attn = False` for the written-out
+    math path, which `grid.py` uses because SDPA has no vmap batching rule.
     A_Q, A_K, A_V, B are plain `nn.Linear` modules (Opacus grad samplers apply); see the
     module docstring for the per-head rotation symmetry.
 
@@ -58,6 +61,7 @@ class LowRankSelfAttention(nn.Module):
         self.rank, self.heads, self.head_dim = rank, heads, rank // heads
         self.scale = self.head_dim ** -0.5
         self.zero_init_up = zero_init_up
+        self.fused_attn = True
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.a_q = nn.Linear(dim, rank, bias=qkv_bias)
         self.a_k = nn.Linear(dim, rank, bias=qkv_bias)
@@ -83,8 +87,12 @@ class LowRankSelfAttention(nn.Module):
             return t.reshape(bsz, n_tok, self.heads, self.head_dim).transpose(1, 2)
 
         q, k, v = split(self.a_q(y)), split(self.a_k(y)), split(self.a_v(y))
-        attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)  # (B, n, N, N)
-        o = (attn @ v).transpose(1, 2).reshape(bsz, n_tok, self.rank)  # (B, N, r)
+        if self.fused_attn:
+            o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)  # (B, n, N, r/n)
+        else:
+            attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)  # (B, n, N, N)
+            o = attn @ v
+        o = o.transpose(1, 2).reshape(bsz, n_tok, self.rank)  # (B, N, r)
         return x + self.b(o)
 
 

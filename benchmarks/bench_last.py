@@ -1,0 +1,198 @@
+"""Benchmark: training memory and step time of LAST vs full fine-tuning and NLFT-1.
+
+Paper: Tang, Fu, Zhu, Wu, "Low-Rank Attention Side-Tuning for Parameter-Efficient
+Fine-Tuning" (LAST), arXiv:2402.04009, 2024 -- claims ~30% of the memory and ~60% of the
+time of other PEFT methods, and many side networks trained in parallel.
+
+Cases (one AdamW step at `--batch`, random weights, cross-entropy):
+    full        every backbone parameter trains
+    nlft1       only the last block, the final norm and the head train
+    last        backbone no-grad forward (features NOT cached) + one side network step
+    last_cached one side network step on precomputed features (the pipeline's cached path)
+    grid16      backbone no-grad forward + one vectorized step of 16 side networks
+                (same architecture, different learning rates and seeds)
+
+peak_mem_mb = resident bytes (backbone + trainable parameters + AdamW state) + the step's
+peak extra allocation, i.e. training memory excluding the CUDA context and allocator caching.
+The step's peak is `benchmark_rows.peak_memory_mb` on CUDA (max allocated above the
+baseline). On CPU (Linux, glibc) it is the peak RSS growth of the step (VmHWM after
+resetting it via /proc/self/clear_refs, minus VmRSS before). For that the script pins
+glibc's mmap threshold at 128 KiB (mallopt) before allocating anything, so every tensor is
+its own mapping and a freed tensor leaves the RSS at once (glibc's default threshold
+grows with use and then keeps freed tensors in the heap).
+The profiler-based CPU path of `peak_memory_mb` was not used: it misses the frees of
+autograd-saved tensors (it reported 185 MB for five Linear fwd/bwd passes on an 8 MB input).
+
+    python benchmarks/bench_last.py [--quick]
+    python benchmarks/bench_last.py --vit-b --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+
+from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, time_median, write_benchmark_rows  # noqa: E402
+from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys  # noqa: E402
+
+
+def tensor_mb(tensors: Iterable[torch.Tensor]) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def _proc_status_mb(key: str) -> float:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
+
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def pin_mmap_threshold() -> None:
+    """Every allocation >= 128 KiB becomes its own mapping, returned to the OS on free."""
+    if ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024) != 1:
+        raise RuntimeError("bench_last: mallopt(M_MMAP_THRESHOLD) failed; CPU peak memory needs glibc")
+
+
+def cpu_peak_rss_mb(fn: Callable[[], None]) -> float:
+    """Peak RSS growth of one `fn()` call (Linux + glibc, after `pin_mmap_threshold`)."""
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    base = _proc_status_mb("VmRSS")
+    fn()
+    return _proc_status_mb("VmHWM") - base
+
+
+def step_peak_mb(fn: Callable[[], None], device: str) -> float:
+    if torch.device(device).type == "cuda":
+        return peak_memory_mb(fn, device=device)
+    return cpu_peak_rss_mb(fn)
+
+
+def adam_state_mb(opt: torch.optim.Optimizer) -> float:
+    return tensor_mb(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+
+
+def backbone_step(vit: VisionTransformer, trainable: Callable[[str], bool]) -> tuple[Callable, torch.optim.Optimizer]:
+    """A training step of the backbone with the parameters selected by name trainable."""
+    for name, p in vit.named_parameters():
+        p.requires_grad_(trainable(name))
+    opt = torch.optim.AdamW([p for p in vit.parameters() if p.requires_grad], lr=1e-4)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = F.cross_entropy(vit(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step, opt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, depth 4")
+    ap.add_argument("--vit-b", action="store_true", help="ViT-B/16 at 224 px (random weights)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--modules", type=int, default=1, help="T, LSA modules per side block")
+    ap.add_argument("--grid", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--out-dir", default="results/benchmarks")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    if dev.type == "cpu":
+        pin_mmap_threshold()
+    if args.vit_b:
+        vit_kw = dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12)
+    else:
+        vit_kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=4 if args.quick else 6, num_heads=3)
+    num_classes = 10
+    repeats = args.repeats or (2 if args.quick else 3)
+    sizes = dict(batch=args.batch, num_classes=num_classes, rank=args.rank, heads=args.heads, every=args.every,
+                 modules_per_block=args.modules, grid=args.grid, **vit_kw)
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, vit_kw["img_size"], vit_kw["img_size"], device=dev)
+    y = torch.randint(0, num_classes, (args.batch,), device=dev)
+
+    def make_vit() -> VisionTransformer:
+        torch.manual_seed(0)
+        return VisionTransformer(num_classes=num_classes, **vit_kw).to(dev)
+
+    results: dict[str, tuple[float, list[float]]] = {}
+    rows = []
+
+    def measure(case: str, step: Callable[[], None], resident: Callable[[], float]) -> None:
+        med, times = time_median(step, repeats=repeats, warmup=2, device=args.device)  # warmup allocates AdamW state
+        res, transient = resident(), step_peak_mb(step, args.device)
+        peak = res + transient
+        results[case] = (peak, times)
+        rows.append(benchmark_row("bench_last", case, args.device, sizes, times, peak))
+        print(f"{case:12s} step {med:9.2f} ms   peak {peak:9.1f} MB (resident {res:.1f} + step {transient:.1f})",
+              flush=True)
+
+    # Full fine-tuning and NLFT-1 (last block + norm + head).
+    depth = vit_kw["depth"]
+    for case, trainable in (("full", lambda n: True),
+                            ("nlft1", lambda n: n.startswith((f"blocks.{depth - 1}.", "norm.", "fc_norm.", "head.")))):
+        vit = make_vit()
+        step, opt = backbone_step(vit, trainable)
+        measure(case, lambda: step(x, y), lambda: tensor_mb(vit.parameters()) + adam_state_mb(opt))
+        del vit, step, opt
+
+    # LAST: the backbone is a frozen feature extractor (no parameter requires grad).
+    vit = make_vit().requires_grad_(False)
+    side_kw = dict(rank=args.rank, heads=args.heads, every=args.every, modules_per_block=args.modules,
+                   num_classes=num_classes)
+    side = SideNetwork(vit, **side_kw)
+    opt = torch.optim.AdamW(side.parameters(), lr=1e-3)
+
+    def side_step(feats: list[torch.Tensor]) -> None:
+        loss = F.cross_entropy(side(feats), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    cached = extract_features(vit, x, every=args.every)
+    resident_last = lambda: tensor_mb(vit.parameters()) + tensor_mb(side.parameters()) + adam_state_mb(opt)  # noqa: E731
+    measure("last", lambda: side_step(extract_features(vit, x, every=args.every)), resident_last)
+    measure("last_cached", lambda: side_step(cached), lambda: resident_last() + tensor_mb(cached))
+    del side, opt, cached
+
+    members = [dict(rank=args.rank, heads=args.heads, every=args.every, modules_per_block=args.modules,
+                    lr=10 ** (-2 - 2 * i / max(args.grid - 1, 1)), seed=i) for i in range(args.grid)]
+    grid = SideGrid(vit, members, num_classes=num_classes)
+    keys = feature_keys(depth, args.every)
+
+    def grid_step() -> None:
+        grid.step(dict(zip(keys, extract_features(vit, x, every=args.every))), y)
+
+    measure(f"grid{args.grid}", grid_step, lambda: tensor_mb(vit.parameters()) + sum(
+        tensor_mb([*g.params.values(), *g.exp_avg.values(), *g.exp_avg_sq.values()]) for g in grid.groups))
+
+    path = write_benchmark_rows("bench_last", rows, out_dir=args.out_dir)
+    full_mem, full_times = results["full"]
+    full_t = sorted(full_times)[len(full_times) // 2]
+    print(f"\nratios vs full fine-tuning (memory, median step time); wrote {path}")
+    for case, (mem, times) in results.items():
+        t = sorted(times)[len(times) // 2]
+        print(f"  {case:12s} memory {mem / full_mem:6.1%}   time {t / full_t:6.1%}")
+    one = results["last"]
+    g_mem, g_times = results[f"grid{args.grid}"]
+    print(f"  grid{args.grid} vs one LAST network: memory {g_mem / one[0]:.2f}x   time "
+          f"{sorted(g_times)[len(g_times) // 2] / sorted(one[1])[len(one[1]) // 2]:.2f}x")
+    print("  goals: LAST memory <= 25% and time <= 50% of full FT; grid16 <= 3x one network")
+
+
+if __name__ == "__main__":
+    main()
