@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
