@@ -102,8 +102,8 @@ class TangentTuned(TangentViT):
         self.load_delta_state_dict(state)
 
 
-TAFT_DEFAULTS = {"reset": False, "reset_cls": False, "jvp_only": False, "loss": "rsl", "alpha": 1.0,
-                 "kappa": 15.0, "l2": 1e-5, "radius": None}
+TAFT_DEFAULTS = {"reset": False, "reset_cls": False, "jvp_only": False, "loss": "rsl", "alpha": None,
+                 "kappa": None, "l2": 1e-5, "radius": None}  # alpha/kappa None: RSL's own defaults (1, 15)
 
 
 def taft_options(cfg: dict) -> dict:

@@ -56,6 +56,35 @@ def accuracy_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]
     return paths + [png]
 
 
+def _pivot_report(con, out_dir: Path, stem: str, title: str, sql: str) -> list[Path]:
+    df = con.sql(sql).df()
+    if df.empty:
+        return []
+    wide = df.pivot_table(index=df.columns[0], columns=df.columns[1], values=df.columns[2]).reset_index()
+    wide.columns = [str(c) for c in wide.columns]
+    return _save_table(wide, out_dir, stem, title)
+
+
+def taft_table1(con, out_dir: Path) -> list[Path]:
+    """The TAFT paper's Table 1 layout: full-data test accuracy of fc, nlft-k and taft-k."""
+    return _pivot_report(con, out_dir, "table1_methods", "Table 1: test accuracy of models trained on the full training set", """
+        SELECT method, 'accuracy' AS metric, avg(value) AS accuracy
+        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND shards = 1 AND kind IN ('fc', 'nlft', 'taft')
+        GROUP BY ALL""")
+
+
+def taft_table2(con, out_dir: Path) -> list[Path]:
+    """The TAFT paper's Table 2 layout: composed-model accuracy per shard count (soup for
+    non-linear methods, Δw composition for taft)."""
+    return _pivot_report(con, out_dir, "table2_composition", "Table 2: accuracy of the composed model by shard count", """
+        SELECT method || CASE WHEN kind = 'taft' THEN ' (Δw sum)' ELSE ' (soup)' END AS composed, 'N=' || shards AS shards,
+               avg(value) AS accuracy
+        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain'
+          AND (model = 'soup' OR (model = 'shard' AND shards = 1)) GROUP BY ALL""")
+
+
 REPORTS: dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list[Path]]] = {
     "accuracy": accuracy_report,
+    "table1": taft_table1,
+    "table2": taft_table2,
 }

@@ -24,6 +24,9 @@ def test_default_config_is_valid_and_gets_defaults():
     (lambda c: c["methods"]["nlft-1"].update(k=9), "methods.nlft-1.k"),        # deeper than backbone
     (lambda c: c.update(shards=[2, 100000]), "shards"),                        # more shards than samples
     (lambda c: c["backbone"]["arch"].update(num_heads=5), "backbone.arch.num_heads"),
+    (lambda c: c["methods"]["fc"].update(kappa=3.0), "methods.fc.kappa"),        # option of another kind
+    (lambda c: c["methods"]["taft-1"].update(loss="hinge"), "methods.taft-1.loss"),
+    (lambda c: c.update(compose_weights="fisher"), "compose_weights"),
     (lambda c: c["dataset"].update(source="imagefolder", path="/nonexistent"), "dataset.path"),
 ])
 def test_bad_config_names_the_key(mutate, key):
