@@ -92,9 +92,13 @@ def make_cases(sizes: dict, device: str) -> dict[str, Callable[[], object]]:
 
 
 def run_interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int,
-                    device: str) -> dict[str, list[float]]:
-    """Wall times (ms) per case, one run of every case per round, rounds repeated."""
+                    device: str, clock: str = "wall") -> dict[str, list[float]]:
+    """Times (ms) per case, one run of every case per round, rounds repeated.
+
+    clock='process' counts this process's CPU time instead of wall time: with one
+    thread it is far less sensitive to other jobs sharing the cores."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    now = time.process_time if clock == "process" else time.perf_counter
     for _ in range(warmup):
         for fn in cases.values():
             fn()
@@ -102,10 +106,10 @@ def run_interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
             sync()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+            times[name].append((now() - t0) * 1e3)
     return times
 
 
@@ -144,14 +148,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--clock", choices=("wall", "process"), default="wall",
+                    help="'process' (CPU time; use with --threads 1 on a shared machine) or 'wall'")
     ap.add_argument("--out-dir", default="results/benchmarks")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "process" and torch.device(args.device).type == "cuda":
+        ap.error("--clock process measures CPU time; use --clock wall on cuda")
     sizes = sizes_from_args(args)
     repeats = args.repeats or (3 if args.quick else 5)
     cases = make_cases(sizes, args.device)
-    times = run_interleaved(cases, repeats, warmup=1, device=args.device)
+    times = run_interleaved(cases, repeats, warmup=1, device=args.device, clock=args.clock)
+    sizes = {**sizes, "clock": args.clock}
     mem = {name: peak_memory_mb(fn, args.device) for name, fn in cases.items()}
     med = {name: statistics.median(t) for name, t in times.items()}
     rows = [benchmark_row(NAME, name, args.device, sizes, times[name], mem[name]) for name in cases]

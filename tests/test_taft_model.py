@@ -202,3 +202,22 @@ def test_dropout_in_train_mode_raises() -> None:
     model.eval()(images())
     with pytest.raises(RuntimeError, match="dropout"):
         model.train()(images())
+
+
+@pytest.mark.parametrize("cfg", ["cls", "layer_scale", "avg_fc_norm"])
+def test_backward_is_the_adjoint_of_the_jvp(cfg: str) -> None:
+    # The JVP output c·(J v) is linear in Δ = v, so autograd must give ∇_Δ = Jᵀc with
+    # <Jᵀc, v> = c·(J v) for any v: a check of every backward formula that needs no autograd reference.
+    base = make_base(**CONFIGS[cfg])
+    model = TangentViT(base, 2, jvp_only=True, reset_cls=cfg == "cls")
+    x = images()
+    c = torch.randn(3, 5, generator=torch.Generator().manual_seed(9))
+    g = torch.Generator().manual_seed(10)
+    v = {n: torch.randn(p.shape, generator=g) for n, p in model.delta_state_dict().items()}
+    model.zero_grad()
+    (c * model(x)).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_delta_parameters()}
+    model.load_delta_state_dict(v)
+    forward = float((c * model(x)).sum())
+    adjoint = float(sum((grads[n] * v[n]).sum() for n in v))
+    assert adjoint == pytest.approx(forward, rel=1e-10)

@@ -79,8 +79,9 @@ class TangentAttention(nn.Module):
         kt = k.transpose(1, 2)
         p = torch.bmm(q, kt).softmax(dim=-1)  # (B·H, N, N); primal, needs no grad
         ds = torch.baddbmm(torch.bmm(dq, kt), q, dk.transpose(1, 2))  # dQ·Kᵀ + Q·dKᵀ
-        pds = p * ds
-        dp = pds.sub_(p * pds.sum(dim=-1, keepdim=True))  # in place: mul/sum backward never read pds
+        # dP = P ⊙ (dS − rowsum(P ⊙ dS)): the softmax Jacobian is symmetric, so this is softmax's
+        # backward kernel applied to dS (fused, O(N²), and differentiable in dS).
+        dp = torch._softmax_backward_data(ds, p, -1, p.dtype)
         a = torch.bmm(p, v)  # (B·H, N, dh)
         da = torch.baddbmm(torch.bmm(p, dv), dp, v)  # P·dV + dP·V
         a = a.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, N, H·dh)

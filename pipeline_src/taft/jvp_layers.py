@@ -76,7 +76,9 @@ class TangentLinear(nn.Module):
         y = F.linear(x, self.weight, self.bias)
         dy = self.delta(x)  # ΔW·x + Δb: the one call of the Δ module
         if t is not None:
-            dy = dy + F.linear(t, self.weight)
+            # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views.
+            dy = torch.addmm(dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1]),
+                             self.weight.t()).view(dy.shape)
         return y, dy
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -123,9 +125,11 @@ class TangentLayerNorm(nn.Module):
         if t is None:
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps), dy
         y, mean, rstd = torch.native_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        xhat = (x - mean) * rstd  # (..., D)
-        dxhat = t - t.mean(-1, keepdim=True) - xhat * (t * xhat).mean(-1, keepdim=True)
-        return y, dxhat * (rstd * self.weight) + dy
+        # ∂x̂/∂x = rstd·(I − 11ᵀ/D − x̂x̂ᵀ/D) is symmetric, so its JVP is LayerNorm's affine-free
+        # backward applied to t: one fused kernel, itself differentiable in t.
+        dxhat = torch.ops.aten.native_layer_norm_backward(
+            t, x, self.normalized_shape, mean, rstd, None, None, [True, False, False])[0]
+        return y, torch.addcmul(dy, dxhat, self.weight)
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Local parameter name -> (base value, Δ parameter)."""

@@ -12,7 +12,8 @@ Shards may differ in size: each shard keeps its own batch schedule (its own
 seeded permutation, ceil(n_i / batch_size) steps per epoch, a short last batch),
 batches are padded to `batch_size` with a 0/1 mask, and a shard with no batch
 left in the current epoch is frozen for that step (no parameter, moment or
-step-count update). This reproduces N separate `train_tangent` calls.
+step-count update). This reproduces N separate `train_tangent` calls (tested in
+float64). Memory grows like N × one shard's batch, since all N batches run at once.
 """
 from __future__ import annotations
 
