@@ -97,6 +97,14 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
         for key in method:
             if key not in shared and key not in kind_keys[method["kind"]]:
                 raise ConfigError(f"config key 'methods.{name}.{key}': not an option of kind '{method['kind']}'")
+        if method["kind"] == "last":
+            for key in ("rank", "heads"):
+                if key not in method:
+                    raise ConfigError(f"config key 'methods.{name}.{key}': required for kind 'last'")
+            if method["rank"] % method["heads"]:
+                raise ConfigError(f"config key 'methods.{name}.heads': must divide rank {method['rank']}")
+            if cfg["backbone"]["source"] == "pretrain" and depth % method.get("every", 1):
+                raise ConfigError(f"config key 'methods.{name}.every': must divide backbone depth {depth}")
         if method["kind"] in ("nlft", "taft"):
             k = method.get("k")
             if k is None:

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 
-def cached_blocks(method_cfg: dict) -> int | None:
-    """How many final blocks the method trains on top of the cacheable frozen prefix:
-    0 for `fc` (the prefix is every block), k for `nlft`/`taft`, None for methods that
-    train on images (`full`)."""
+def feature_cache(method_cfg: dict) -> str | None:
+    """Name of the frozen-feature cache the method trains from, or None (trains on images).
+
+    `last{k}`: tokens entering the last k blocks (fc: k = 0; nlft/taft: their k);
+    `blocks`: the embedding and every block's output (LAST side networks).
+    """
     kind = method_cfg["kind"]
     if kind == "full":
         return None
-    if kind == "fc":
-        return 0
-    return method_cfg["k"]
+    if kind == "last":
+        return "blocks"
+    return f"last{0 if kind == 'fc' else method_cfg['k']}"

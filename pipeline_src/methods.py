@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
+import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
+from torch import nn
 
 from pipeline_src.finetune import TailFineTune
+from pipeline_src.last.features import extract_features, side_inputs
+from pipeline_src.last.train import build_side_network, train_side_network
 from pipeline_src.taft.tangent_vit import TangentViT
 from pipeline_src.taft.train import train_tangent
 from pipeline_src.training import cross_entropy, fit
@@ -129,3 +133,61 @@ def train_taft(model: TangentTuned, features, labels, settings: dict, seed: int,
 register_method(Method(
     "taft", build_taft, train_taft,
     "Tangent transformers (Liu, Soatto et al., 'Tangent Transformers for Composition, Privacy and Removal', ICLR 2024)."))
+
+
+# ---------------------------------------------------------------- LAST side networks
+LAST_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "zero_init_up", "init_seed")
+
+
+class SideTuned(nn.Module):
+    """A frozen backbone plus a LAST side network, seen through the tuned-model interface.
+
+    The prefix is the stack of the backbone's embedding and every block's output
+    (B, depth + 1, N, D), computed under no_grad; the side network reads the ones it needs.
+    """
+
+    def __init__(self, backbone: VisionTransformer, cfg: dict) -> None:
+        super().__init__()
+        self.backbone = backbone.requires_grad_(False).eval()
+        self.member = {k: cfg[k] for k in LAST_KEYS if k in cfg and k != "init_seed"}
+        # One init seed for every shard: side networks of one study start from the same point.
+        self.member["seed"] = cfg.get("init_seed", 0)
+        self.side = build_side_network(backbone, self.member, num_classes=backbone.num_classes)
+
+    @torch.no_grad()
+    def prefix(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack(extract_features(self.backbone, x, every=1), dim=1)
+
+    def _inputs(self, h: torch.Tensor) -> list[torch.Tensor]:
+        feats = {f"z{i}": h[:, i] for i in range(h.shape[1])}  # (B, N, D) each
+        return side_inputs(feats, every=self.side.every, depth=h.shape[1] - 1)
+
+    def forward_from_prefix(self, h: torch.Tensor) -> torch.Tensor:
+        return self.side(self._inputs(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_from_prefix(self.prefix(x))
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.side.state_dict().items()}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.side.load_state_dict(state)
+
+
+def train_last(model: SideTuned, features, labels, settings: dict, seed: int, desc: str) -> dict:
+    member = {**model.member, "lr": settings["lr"], "weight_decay": settings["weight_decay"]}
+    feats = {f"z{i}": features[:, i] for i in range(features.shape[1])}
+    state = train_side_network(model.backbone, feats, labels, member, num_classes=model.backbone.num_classes,
+                               epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
+                               progress=lambda e, step, loss: None)
+    model.load_trainable_state(state)
+    with torch.no_grad():
+        loss = F.cross_entropy(model.forward_from_prefix(features[:512]), labels[:512]).item()
+    print(f"{desc}: final training loss (first 512 samples) {loss:.4f}", flush=True)
+    return {"train_loss": loss}
+
+
+register_method(Method(
+    "last", SideTuned, train_last,
+    "Low-rank attention side-tuning (Tang, Fu, Zhu, Wu, 'Low-Rank Attention Side-Tuning for Parameter-Efficient Fine-Tuning', 2024)."))

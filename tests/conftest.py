@@ -30,3 +30,12 @@ def image_folder(tmp_path: Path) -> Path:
         for i in range(6):
             Image.fromarray(rng.integers(0, 255, (12, 12), dtype=np.uint8)).save(root / c / f"img{i}.png")
     return root
+
+
+@pytest.fixture
+def float64_default():
+    """Run a test with float64 as torch's default dtype, restoring the old default after."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

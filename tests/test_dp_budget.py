@@ -6,7 +6,7 @@ import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from test_dp_reference import tiny_vit
+from tests.test_dp_reference import tiny_vit
 from pipeline_src.dp import InfeasibleBudget, apply_regime, nlft_scope, plan_budget, train_private
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_dp_reference import assert_norms_match, ce, tiny_vit
+from tests.test_dp_reference import assert_norms_match, ce, tiny_vit
 from pipeline_src.dp import check_fast_supported, train_private
 
 last = pytest.importorskip("pipeline_src.last.side_network")

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from test_dp_reference import assert_norms_match, ce, tiny_vit
+from tests.test_dp_reference import assert_norms_match, ce, tiny_vit
 from pipeline_src.dp import AdditiveDelta, apply_regime, check_fast_supported, nlft_scope, register_fast_norm_sampler
 from pipeline_src.dp.norm_samplers import FAST_SQ_NORM_SAMPLERS, attach_fast_norm_samplers, linear_weight_sq_norm
 

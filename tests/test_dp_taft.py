@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_dp_reference import assert_norms_match, tiny_vit
+from tests.test_dp_reference import assert_norms_match, tiny_vit
 from pipeline_src.dp import check_fast_supported
 
 tangent_vit = pytest.importorskip("pipeline_src.taft.tangent_vit")

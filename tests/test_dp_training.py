@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_dp_reference import ce, tiny_vit
+from tests.test_dp_reference import ce, tiny_vit
 from pipeline_src.dp import REGIMES, apply_regime, epsilon_for, nlft_scope, train_private
 
 

@@ -19,7 +19,7 @@ from pipeline_src.taft import (
     train_tangent,
 )
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box
 TINY = dict(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2, num_heads=4)
 

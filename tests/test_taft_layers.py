@@ -22,7 +22,7 @@ from pipeline_src.taft.jvp_layers import (
     gelu_jvp,
 )
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box
 D, N, B = 32, 5, 3
 

@@ -12,7 +12,7 @@ from pipeline_src.taft import TangentViT
 from pipeline_src.taft.opacus_support import register_opacus_grad_samplers
 
 opacus = pytest.importorskip("opacus")
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box
 
 

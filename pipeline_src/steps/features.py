@@ -1,5 +1,5 @@
-"""features: cache the frozen prefix's output (the input of the last k blocks) once per
-backbone and k, for every sample, so shard jobs never rerun the frozen blocks."""
+"""features: cache frozen-backbone features once per backbone and cache kind (`last{k}`:
+the input of the last k blocks; `blocks`: every block's output, for LAST), for every sample, so shard jobs never rerun the frozen blocks."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from pipeline_src.atomic import atomic_path
 from pipeline_src.backbone import load_backbone
 from pipeline_src.datasets import to_model_input
+from pipeline_src.last.features import extract_features
 from pipeline_src.runtime import resolve_device, set_up_job
 from pipeline_src.sample_store import SampleStore
 from pipeline_src.step_args import StepArgs
@@ -23,15 +24,18 @@ def main(args: StepArgs) -> None:
     set_up_job(args.threads, cfg["seed"])
     device = resolve_device(cfg["device"])
     backbone, record = load_backbone(Path(args.input.backbone).parent)
-    start = len(backbone.blocks) - int(args.wildcards["k"])  # features entering the last k blocks
     backbone.to(device)
+    cache = args.wildcards["cache"]
+    if cache == "blocks":  # LAST: (num_samples, depth + 1, tokens, dim)
+        fn = lambda b: torch.stack(extract_features(backbone, b.to(device), every=1), dim=1).cpu()  # noqa: E731
+    else:  # tokens entering the last k blocks: (num_samples, tokens, dim)
+        start = len(backbone.blocks) - int(cache.removeprefix("last"))
+        fn = lambda b: vit_prefix(backbone, b.to(device), start).cpu()  # noqa: E731
     store = SampleStore(args.input.samples)
-    x = to_model_input(store.images, record["mean"], record["std"])
-    # (num_samples, tokens, dim), row i is the samples table's row i
-    feats = batched_apply(lambda b: vit_prefix(backbone, b.to(device), start).cpu(), x)
+    feats = batched_apply(fn, to_model_input(store.images, record["mean"], record["std"]))  # row i = samples row i
     with atomic_path(args.output.features) as tmp:
-        save_file({"features": feats.contiguous()}, str(tmp), metadata={"start": str(start), "rows": str(len(feats))})
-    print(f"cached prefix features after {start} blocks: {tuple(feats.shape)}")
+        save_file({"features": feats.contiguous()}, str(tmp), metadata={"cache": cache, "rows": str(len(feats))})
+    print(f"cached features '{cache}': {tuple(feats.shape)}")
 
 
 def load_rows(path: str | Path, rows: list[int]) -> torch.Tensor:

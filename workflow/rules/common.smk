@@ -5,7 +5,7 @@ import sys
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
 
 from pipeline_src.config import ConfigError, validate_config
-from pipeline_src.method_kinds import cached_blocks
+from pipeline_src.method_kinds import feature_cache
 
 try:
     _validated = validate_config(config)
@@ -26,7 +26,7 @@ wildcard_constraints:
     shards=r"\d+",
     seed=r"\d+",
     shard=r"\d+",
-    k=r"\d+",
+    cache=r"last\d+|blocks",
 
 
 def training_signature(w):
@@ -43,9 +43,9 @@ def train_inputs(w):
         "backbone": f"{R}/pretrain/model.safetensors",
         "manifest": f"{R}/split/n{w.shards}_s{w.seed}/manifest.parquet",
     }
-    k = cached_blocks(config["methods"][w.method])
-    if config["features"]["cache"] and k is not None:
-        inputs["features"] = f"{R}/features/last{k}/features.safetensors"
+    cache = feature_cache(config["methods"][w.method])
+    if config["features"]["cache"] and cache is not None:
+        inputs["features"] = f"{R}/features/{cache}/features.safetensors"
     return inputs
 
 

@@ -3,11 +3,11 @@ rule features:
         samples=rules.prepare.output.samples,
         backbone=rules.pretrain.output.model,
     output:
-        features=f"{R}/features/last{{k}}/features.safetensors",
+        features=f"{R}/features/{{cache}}/features.safetensors",
     log:
-        f"{R}/logs/features/last{{k}}.log",
+        f"{R}/logs/features/{{cache}}.log",
     benchmark:
-        f"{R}/logs/features/last{{k}}.bench.tsv"
+        f"{R}/logs/features/{{cache}}.bench.tsv"
     threads: 2
     resources:
         mem_mb=4000,
