@@ -13,8 +13,7 @@ include: "workflow/rules/common.smk"
 
 rule all:
     input:
-        f"{R}/report/accuracy.md",
-        f"{R}/report/accuracy.png",
+        f"{R}/report/index.md",
 
 
 include: "workflow/rules/targets.smk"
@@ -23,3 +22,6 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/compose.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/fusion.smk"
+include: "workflow/rules/privacy.smk"
+include: "workflow/rules/forget.smk"

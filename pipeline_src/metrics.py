@@ -10,7 +10,8 @@ Schema version 1 (columns are only ever added, never renamed; readers use
 | dataset | string | dataset source (digits, imagefolder) |
 | method | string | method variant name from `methods:` (or `pretrain`) |
 | kind | string | method kind (fc, nlft, full, ...) |
-| model | string | `shard` (one shard model), or a composition: `soup`, `ensemble` |
+| model | string | `shard` (one shard model), or a composition: `soup`, `ensemble`, or a study's model name |
+| variant | string, null | JSON of the study settings that identify the row further (fusion method, ε, removed shards, ...) |
 | shards | int64 | shard count N (1 = the whole training split) |
 | shard_id | int64, null | shard of a single shard model; null for compositions |
 | seed | int64 | sharding/training seed |
@@ -45,6 +46,7 @@ METRICS_SCHEMA = pa.schema([
     ("method", pa.string()),
     ("kind", pa.string()),
     ("model", pa.string()),
+    ("variant", pa.string()),
     ("shards", pa.int64()),
     ("shard_id", pa.int64()),
     ("seed", pa.int64()),

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline_src.atomic import write_text
 from pipeline_src.report import REPORTS
 from pipeline_src.results_db import connect
 from pipeline_src.step_args import StepArgs
 
 
 def main(args: StepArgs) -> None:
-    out_dir = Path(args.output.accuracy_md).parent
+    out_dir = Path(args.output.index).parent
     con = connect(args.params["results_dir"])
+    lines = ["# Reports", ""]
     for name, report in REPORTS.items():
         for path in report(con, out_dir):
             print(f"{name}: wrote {path}")
+            lines.append(f"- {name}: [{path.name}]({path.name})")
+    write_text("\n".join(lines) + "\n", args.output.index)

@@ -15,6 +15,7 @@ config.clear()
 config.update(_validated)
 
 R = "results"
+STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
 SHARDS = config["shards"]
 SEEDS = config["seeds"]

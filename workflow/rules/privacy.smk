@@ -1,0 +1,1 @@
+# The privacy study. Append its metrics files to STUDY_METRICS (common.smk) so `report` (and `all`) build them.
