@@ -16,6 +16,13 @@ class Paths(list):
         super().__init__(items)
         self._names = dict(names or {})
 
+    def __getattribute__(self, name: str) -> Any:
+        # Rule names win over list methods, so an output may be called `index` or `count`.
+        names = super().__getattribute__("__dict__").get("_names", {})
+        if name in names:
+            return names[name]
+        return super().__getattribute__(name)
+
     def __getattr__(self, name: str) -> Any:
         try:
             return self.__dict__["_names"][name]

@@ -32,9 +32,10 @@ def image_folder(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def float64_default():
-    """Run a test with float64 as torch's default dtype, restoring the old default after."""
+    """Run a test module with float64 as torch's default dtype (also for its module-scoped
+    fixtures), restoring the old default after."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     yield

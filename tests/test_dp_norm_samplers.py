@@ -57,7 +57,7 @@ def test_vector_layernorm_and_linear_match_microbatches():
 def test_clipped_contributions_are_bounded_and_sum_to_grad():
     from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 
-    from test_dp_reference import microbatch_grads
+    from tests.test_dp_reference import microbatch_grads
     from pipeline_src.dp import wrap_fast
 
     model = tiny_vit()

@@ -2,7 +2,7 @@ rule report:
     input:
         lambda w: [*evaluation_targets(), rules.pretrain.output.metrics, *STUDY_METRICS],
     output:
-        index=f"{R}/report/index.md",
+        index_md=f"{R}/report/index.md",
         accuracy_md=report(f"{R}/report/accuracy.md", category="Accuracy", caption="../report/accuracy.rst"),
         accuracy_csv=f"{R}/report/accuracy.csv",
         accuracy_png=report(f"{R}/report/accuracy.png", category="Accuracy", caption="../report/accuracy.rst"),
