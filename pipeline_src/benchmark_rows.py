@@ -5,9 +5,11 @@ Benchmarks live in `benchmarks/`; each writes rows with `BENCHMARK_SCHEMA` to
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import platform
+import re
 import statistics
 import time
 from datetime import datetime, timezone
@@ -60,9 +62,25 @@ def time_median(fn: Callable[[], Any], repeats: int = 7, warmup: int = 2, device
     return statistics.median(times), times
 
 
+def _proc_status_mb(key: str) -> float:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
+
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def pin_mmap_threshold() -> None:
+    """Make every allocation ≥ 128 KiB its own mapping, returned to the OS on free, so RSS
+    follows tensor frees at once (glibc's adaptive threshold otherwise keeps freed tensors in
+    the heap). Call once, before allocating, in any CPU benchmark that reports peak memory."""
+    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+
+
 def peak_memory_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
-    """Peak memory of one `fn()` call: CUDA max allocated, or on CPU the peak of
-    traced allocations (torch CPU tensors are counted via the profiler's memory stats)."""
+    """Peak memory growth of one `fn()` call in MiB: CUDA max allocated above the baseline on a
+    GPU; on the CPU (Linux) the peak RSS growth, from VmHWM after resetting it through
+    /proc/self/clear_refs, minus VmRSS before (see `pin_mmap_threshold`)."""
     import torch
 
     gc.collect()
@@ -74,20 +92,10 @@ def peak_memory_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
         fn()
         torch.cuda.synchronize(dev)
         return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # Walk allocation events in order and track the running total to find the peak.
-    running, peak = 0, 0
-    events = sorted(
-        (e for e in prof.events() if getattr(e, "cpu_memory_usage", 0) != 0),
-        key=lambda e: e.time_range.start,
-    )
-    for e in events:
-        running += e.cpu_memory_usage
-        peak = max(peak, running)
-    return peak / 2**20
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    base = _proc_status_mb("VmRSS")
+    fn()
+    return _proc_status_mb("VmHWM") - base
 
 
 def benchmark_row(benchmark: str, case: str, device: str, sizes: dict, times: list[float], peak_mb: float) -> dict:
