@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.clock == "process" and torch.device(args.device).type == "cuda":
         ap.error("--clock process measures CPU time; use --clock wall on cuda")
     sizes = sizes_from_args(args)
-    repeats = args.repeats or (3 if args.quick else 5)
+    repeats = args.repeats or (3 if args.quick else 7)
     cases = make_cases(sizes, args.device)
     times = run_interleaved(cases, repeats, warmup=1, device=args.device, clock=args.clock)
     sizes = {**sizes, "clock": args.clock}
