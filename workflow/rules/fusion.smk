@@ -1,1 +1,115 @@
-# The fusion study. Append its metrics files to STUDY_METRICS (common.smk) so `report` (and `all`) build them.
+# The fusion study (config `fusion:`): shard models of nlft/last methods are matched to shard 0
+# (none | permutation | rotation | rotation-scaling), then fused (soup | fisher | regmean) and
+# evaluated. `init` is `shared` (the study's shard models) or `random_reinit` (shard models whose
+# tuned blocks start from per-shard random inits, trained by `fusion_train`). Its metrics files are
+# appended to STUDY_METRICS, so `report` (and `all`) build them when `fusion.enabled` is true.
+from pipeline_src.fusion_study import FUSIONS, INITS, MATCHINGS, FusionConfigError, check_fusion_config, fusion_targets
+
+try:
+    check_fusion_config(config)
+except FusionConfigError as err:
+    raise WorkflowError(f"Invalid config: {err}") from None
+
+FUSION_WILDCARDS = dict(init="|".join(INITS), matching="|".join(MATCHINGS), fusion="|".join(FUSIONS))
+FUSION_RUN = "{init}/{method}/n{shards}_s{seed}"
+
+
+def fusion_common_inputs(w):
+    """Samples, backbone and (when cached) the method's frozen-prefix features."""
+    inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors"}
+    cache = feature_cache(config["methods"][w.method])
+    if config["features"]["cache"] and cache is not None:
+        inputs["features"] = f"{R}/features/{cache}/features.safetensors"
+    return inputs
+
+
+def fusion_match_inputs(w):
+    if w.init == "shared":
+        models = shard_models(w)
+    else:
+        models = [f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
+    return {**fusion_common_inputs(w), "models": models}
+
+
+def fusion_match_params(w):
+    fus = config["fusion"]
+    return json.dumps({"blocks": fus["blocks"], "match_ffn": fus["match_ffn"]}, sort_keys=True)
+
+
+def fusion_settings(w):
+    """The settings of one fusion method (so changing one method's setting reruns only its jobs)."""
+    keys = {"soup": [], "fisher": ["fisher_samples"], "regmean": ["regmean_alpha"]}[w.fusion]
+    return json.dumps({k: config["fusion"][k] for k in keys}, sort_keys=True)
+
+
+rule fusion_train:
+    input:
+        unpack(train_inputs),
+    output:
+        model=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
+        record=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
+    params:
+        signature=training_signature,
+    log:
+        f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
+    benchmark:
+        f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+    threads: RES["train_threads"]
+    resources:
+        mem_mb=RES["train_mem_mb"],
+        gpu=RES["gpu"],
+    script:
+        "../scripts/fusion_train.py"
+
+
+rule fusion_match:
+    input:
+        unpack(fusion_match_inputs),
+    output:
+        models=directory(f"{R}/fusion_match/{FUSION_RUN}/{{matching}}"),
+        metrics=f"{R}/metrics/fusion_match/{FUSION_RUN}/{{matching}}.parquet",
+    wildcard_constraints:
+        **FUSION_WILDCARDS,
+    params:
+        settings=fusion_match_params,
+    log:
+        f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.log",
+    benchmark:
+        f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.bench.tsv"
+    resources:
+        mem_mb=RES["train_mem_mb"],
+        gpu=RES["gpu"],
+    script:
+        "../scripts/fusion_match.py"
+
+
+rule fuse:
+    input:
+        unpack(fusion_common_inputs),
+        models=rules.fusion_match.output.models,
+    output:
+        model=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.safetensors",
+        record=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.json",
+        metrics=f"{R}/metrics/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.parquet",
+    wildcard_constraints:
+        **FUSION_WILDCARDS,
+    params:
+        settings=fusion_settings,
+    log:
+        f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.log",
+    benchmark:
+        f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.bench.tsv"
+    resources:
+        mem_mb=RES["train_mem_mb"],
+        gpu=RES["gpu"],
+    script:
+        "../scripts/fuse.py"
+
+
+FUSION_METRICS = fusion_targets(config, R)
+STUDY_METRICS.extend(FUSION_METRICS)
+
+
+rule fusion_study:
+    input:
+        FUSION_METRICS,
