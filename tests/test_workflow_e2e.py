@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import torch
 import yaml
 
 from tests.conftest import REPO
@@ -62,6 +63,17 @@ def test_taft_composition_equals_the_ensemble_of_its_shards(study):
         read_parquet('{study}/results/metrics/evaluate/taft-1/n2_s0/*.parquet')""").fetchall())
     assert acc["soup/accuracy"] == acc["ensemble/accuracy"]
     assert abs(acc["soup/loss"] - acc["ensemble/loss"]) < 1e-5
+
+
+def test_vectorized_shard_training_gives_the_per_shard_models(study):
+    from safetensors.torch import load_file
+
+    for i in range(2):
+        separate = load_file(study / f"results/train/taft-1/n2_s0/shard{i}.safetensors")
+        vectorized = load_file(study / f"results/train/taft-1-vec/n2_s0/shard{i}.safetensors")
+        assert separate.keys() == vectorized.keys()
+        for k in separate:
+            assert torch.allclose(separate[k], vectorized[k], rtol=1e-4, atol=1e-6), k
 
 
 def test_nothing_to_do_after_the_run(study):

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import torch
 
 from pipeline_src.backbone import load_backbone
 from pipeline_src.datasets import to_model_input
-from pipeline_src.methods import build_tuned_model, get_method
+from pipeline_src.methods import TunedModel, build_tuned_model, get_method
 from pipeline_src.model_io import save_model
 from pipeline_src.provenance import state_digest
 from pipeline_src.runtime import resolve_device, set_up_job
@@ -24,37 +26,77 @@ def train_settings(cfg: dict, method_cfg: dict) -> dict:
     return {k: method_cfg.get(k, v) for k, v in cfg["train"].items()}
 
 
-def main(args: StepArgs) -> None:
-    cfg, w = args.config, args.wildcards
-    name, shards, shard, seed = w["method"], int(w["shards"]), int(w["shard"]), int(w["seed"])
-    method_cfg = cfg["methods"][name]
-    settings = train_settings(cfg, method_cfg)
-    set_up_job(args.threads, seed)
-    device = resolve_device(cfg["device"])
+def shard_seed(seed: int, shard: int) -> int:
+    """Batch-order seed of one shard's training."""
+    return seed * 1000 + shard
 
+
+@dataclass
+class TrainingJob:
+    """Everything a training job loads once, whatever the number of shards it trains."""
+
+    args: StepArgs
+    name: str
+    method_cfg: dict
+    settings: dict
+    shards: int
+    seed: int
+    device: torch.device
+    backbone: torch.nn.Module
+    backbone_record: dict
+    store: SampleStore
+    manifest: object
+    num_classes: int
+    head_seed: int
+
+    def new_model(self) -> TunedModel:
+        return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.head_seed).to(self.device)
+
+    def shard_data(self, model: TunedModel, shard: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """(ids, frozen prefix features, labels) of one shard, from the cache when there is one."""
+        ids = shard_ids(self.manifest, shard)
+        data = self.store.subset(ids)
+        if "features" in self.args.input._names:
+            features = load_rows(self.args.input.features, [self.store.row_of[i] for i in ids]).to(self.device)
+        else:
+            x = to_model_input(data.images, self.backbone_record["mean"], self.backbone_record["std"]).to(self.device)
+            features = batched_apply(model.prefix, x)
+        return ids, features, data.labels.to(self.device)
+
+    def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str) -> None:
+        record = {
+            "kind": "trained", "method": self.name, "method_config": self.method_cfg, "train_settings": self.settings,
+            "experiment": self.args.config["experiment"], "shards": self.shards, "shard_id": shard, "seed": self.seed,
+            "head_seed": self.head_seed, "num_classes": self.num_classes,
+            "backbone_digest": state_digest(self.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
+            "device": str(self.device), "wall_time_s": wall_time_s, **stats,
+        }
+        save_model(state, record, path)
+        print(f"trained {self.name} shard {shard}/{self.shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")
+
+
+def load_job(args: StepArgs) -> TrainingJob:
+    cfg, w = args.config, args.wildcards
+    method_cfg = cfg["methods"][w["method"]]
+    seed = int(w["seed"])
+    set_up_job(args.threads, seed)
     backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
     store = SampleStore(args.input.samples)
-    ids = shard_ids(pq.read_table(args.input.manifest), shard)
-    data = store.subset(ids)
-    num_classes = store.num_classes("target")
-    head_seed = cfg["seed"]  # one head init for every shard: soups and TAFT need a shared start
-    model = build_tuned_model(backbone, method_cfg, num_classes, head_seed).to(device)
+    return TrainingJob(
+        args=args, name=w["method"], method_cfg=method_cfg, settings=train_settings(cfg, method_cfg),
+        shards=int(w["shards"]), seed=seed, device=resolve_device(cfg["device"]), backbone=backbone,
+        backbone_record=backbone_record, store=store, manifest=pq.read_table(args.input.manifest),
+        num_classes=store.num_classes("target"),
+        head_seed=cfg["seed"],  # one head init for every shard: soups and TAFT need a shared start
+    )
 
+
+def main(args: StepArgs) -> None:
+    job = load_job(args)
+    shard = int(args.wildcards["shard"])
+    model = job.new_model()
     t0 = time.perf_counter()
-    if "features" in args.input._names:  # the frozen prefix was cached by the `features` rule
-        features = load_rows(args.input.features, [store.row_of[i] for i in ids]).to(device)
-    else:
-        x = to_model_input(data.images, backbone_record["mean"], backbone_record["std"]).to(device)
-        features = batched_apply(model.prefix, x)
-    method = get_method(method_cfg["kind"])
-    stats = method.train(model, features, data.labels.to(device), {**settings, "method": method_cfg},
-                         seed * 1000 + shard, f"{name} n{shards} shard {shard}")
-    record = {
-        "kind": "trained", "method": name, "method_config": method_cfg, "train_settings": settings,
-        "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": head_seed,
-        "num_classes": num_classes, "backbone_digest": state_digest(backbone.state_dict()),
-        "num_samples": len(ids), "sample_ids": ids, "device": str(device),
-        "wall_time_s": time.perf_counter() - t0, **stats,
-    }
-    save_model(model.trainable_state(), record, args.output.model)
-    print(f"trained {name} shard {shard}/{shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")
+    ids, features, labels = job.shard_data(model, shard)
+    stats = get_method(job.method_cfg["kind"]).train(model, features, labels, {**job.settings, "method": job.method_cfg},
+                                                     shard_seed(job.seed, shard), f"{job.name} n{job.shards} shard {shard}")
+    job.save(model.trainable_state(), shard, ids, stats, time.perf_counter() - t0, args.output.model)

@@ -17,6 +17,7 @@ config.update(_validated)
 R = "results"
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
+VECTORIZED_METHODS = [m for m, c in config["methods"].items() if c.get("vectorized_shards")]
 SHARDS = config["shards"]
 SEEDS = config["seeds"]
 RES = config["resources"]
@@ -31,20 +32,28 @@ wildcard_constraints:
 
 
 def training_signature(w):
+    return signature_of(w.method)
+
+
+def signature_of(method_name):
     """Canonical JSON of everything that determines a trained model besides its inputs, so
     editing a method's settings reruns exactly its jobs (and reordering keys reruns nothing)."""
-    method = config["methods"][w.method]
+    method = config["methods"][method_name]
     settings = {k: method.get(k, v) for k, v in config["train"].items()}
     return json.dumps({"method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True)
 
 
 def train_inputs(w):
+    return train_inputs_of(w.method, w.shards, w.seed)
+
+
+def train_inputs_of(method_name, shards, seed):
     inputs = {
         "samples": f"{R}/prepare/samples.parquet",
         "backbone": f"{R}/pretrain/model.safetensors",
-        "manifest": f"{R}/split/n{w.shards}_s{w.seed}/manifest.parquet",
+        "manifest": f"{R}/split/n{shards}_s{seed}/manifest.parquet",
     }
-    cache = feature_cache(config["methods"][w.method])
+    cache = feature_cache(config["methods"][method_name])
     if config["features"]["cache"] and cache is not None:
         inputs["features"] = f"{R}/features/{cache}/features.safetensors"
     return inputs

@@ -17,6 +17,8 @@ rule features:
 
 
 rule train:
+    wildcard_constraints:
+        method="|".join(m for m in METHODS if m not in VECTORIZED_METHODS) or "(?!)",
     input:
         unpack(train_inputs),
     output:
@@ -34,3 +36,32 @@ rule train:
         gpu=RES["gpu"],
     script:
         "../scripts/train.py"
+
+
+# Methods with `vectorized_shards: true` train all N shard models in one job (one rule per
+# method and N, since a rule's number of outputs is fixed); the others use `train` above.
+for _method in VECTORIZED_METHODS:
+    for _n in SHARDS:
+
+        rule:
+            name:
+                f"train_vectorized_{_method}_n{_n}"
+            input:
+                unpack(lambda w, m=_method, n=_n: train_inputs_of(m, n, w.seed)),
+            output:
+                models=[f"{R}/train/{_method}/n{_n}_s{{seed}}/shard{i}.safetensors" for i in range(_n)],
+                records=[f"{R}/train/{_method}/n{_n}_s{{seed}}/shard{i}.json" for i in range(_n)],
+            params:
+                signature=lambda w, m=_method: signature_of(m),
+                method=_method,
+                shards=_n,
+            log:
+                f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.log",
+            benchmark:
+                f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.bench.tsv"
+            threads: RES["train_threads"]
+            resources:
+                mem_mb=RES["train_mem_mb"],
+                gpu=RES["gpu"],
+            script:
+                "../scripts/train_vectorized.py"
