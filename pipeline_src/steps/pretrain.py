@@ -43,7 +43,7 @@ def main(args: StepArgs) -> None:
     x = to_model_input(train.images, mean, std).to(device)
     p = cfg["backbone"]["pretrain"]
     stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
-                batch_size=p["batch_size"], lr=p["lr"], weight_decay=0.05, seed=cfg["seed"], desc="pretrain")
+                batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain")
     model.eval()
     logits = batched_apply(model, to_model_input(test.images, mean, std).to(device)).cpu()
     acc = (logits.argmax(-1) == test.labels).double().mean().item()

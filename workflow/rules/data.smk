@@ -2,6 +2,8 @@ rule prepare:
     output:
         samples=f"{R}/prepare/samples.parquet",
         images=f"{R}/prepare/images.safetensors",
+    params:
+        signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
     log:
         f"{R}/logs/prepare/prepare.log",
     benchmark:
@@ -17,6 +19,8 @@ rule pretrain:
         model=f"{R}/pretrain/model.safetensors",
         record=f"{R}/pretrain/backbone.json",
         metrics=f"{R}/metrics/pretrain/backbone.parquet",
+    params:
+        signature=json.dumps({"backbone": config["backbone"], "seed": config["seed"]}, sort_keys=True),
     log:
         f"{R}/logs/pretrain/pretrain.log",
     benchmark:
