@@ -1,1 +1,158 @@
-# The forget study. Append its metrics files to STUDY_METRICS (common.smk) so `report` (and `all`) build them.
+# Forgetting through the DAG, and the unlearning study (Figure 1 of the TAFT paper).
+#
+# Every shard's training set is its own manifest `split/n{N}_s{seed}/shard{i}.parquet`, whose
+# params are the forgotten ids that fall in shard i (known at DAG-build time: the samples table
+# and the split are pure functions of the config). A forget request therefore changes the params
+# of the affected shards' manifest jobs only, and Snakemake reruns those jobs and their
+# dependants (training, composition, evaluation, report) and nothing else.
+from pipeline_src.unlearning import check_forget_section, forgotten_in_shard
+
+try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
+    check_forget_section(config)
+except ConfigError as err:
+    raise WorkflowError(f"Invalid config: {err}") from None
+
+FORGET = config["forget"]
+STUDY = FORGET["study"]
+
+
+localrules:
+    forget_manifest,
+
+
+rule forget_manifest:
+    input:
+        samples=rules.prepare.output.samples,
+        manifest=rules.split.output.manifest,
+    output:
+        manifest=f"{R}/split/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
+    params:
+        forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
+    log:
+        f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
+    script:
+        "../scripts/forget_manifest.py"
+
+
+# ---------------------------------------------------------------- the study
+def _fraction_tag(f):
+    return f"{f:g}"
+
+
+def _study_cache_input(w):
+    from pipeline_src.method_kinds import feature_cache
+
+    cache = feature_cache(config["methods"][w.method])
+    if config["features"]["cache"] and cache is not None:
+        return {"features": f"{R}/features/{cache}/features.safetensors"}
+    return {}
+
+
+def unlearn_drop_inputs(w):
+    inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
+              "models": shard_models(w)}
+    if config["methods"][w.method]["kind"] == "taft":
+        inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
+    return inputs
+
+
+def unlearn_retrain_inputs(w):
+    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
+            "models": shard_models(w), **_study_cache_input(w)}
+
+
+def unlearn_paragon_inputs(w):
+    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
+            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w)}
+
+
+rule unlearn_drop:
+    input:
+        unpack(unlearn_drop_inputs),
+    output:
+        metrics=f"{R}/metrics/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.parquet",
+        models=directory(f"{R}/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}"),
+    params:
+        removed_shards=STUDY["removed_shards"],
+        requests=STUDY["requests_per_point"],
+    log:
+        f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.log",
+    benchmark:
+        f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
+    resources:
+        mem_mb=RES["train_mem_mb"],
+    script:
+        "../scripts/unlearn_drop.py"
+
+
+rule unlearn_retrain:
+    input:
+        unpack(unlearn_retrain_inputs),
+    output:
+        metrics=f"{R}/metrics/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.parquet",
+        models=directory(f"{R}/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}"),
+    params:
+        signature=training_signature,
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    log:
+        f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.log",
+    benchmark:
+        f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    threads: RES["train_threads"]
+    resources:
+        mem_mb=RES["train_mem_mb"],
+        gpu=RES["gpu"],
+    script:
+        "../scripts/unlearn_retrain.py"
+
+
+rule unlearn_paragon:
+    input:
+        unpack(unlearn_paragon_inputs),
+    output:
+        metrics=f"{R}/metrics/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
+        model=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
+        record=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
+    params:
+        signature=training_signature,
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    log:
+        f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
+    benchmark:
+        f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    threads: RES["train_threads"]
+    resources:
+        mem_mb=RES["train_mem_mb"],
+        gpu=RES["gpu"],
+    script:
+        "../scripts/unlearn_paragon.py"
+
+
+def unlearning_targets():
+    """Every metrics file of the unlearning study (empty when it is off)."""
+    if not STUDY["enabled"]:
+        return []
+    out = []
+    requests = range(STUDY["requests_per_point"])
+    for m in STUDY["methods"]:
+        for s in SEEDS:
+            for f in STUDY["forget_fractions"]:
+                out += [f"{R}/metrics/unlearn_paragon/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet" for j in requests]
+            for n in STUDY["shards"]:
+                out.append(f"{R}/metrics/unlearn_drop/{m}/n{n}_s{s}.parquet")
+                for f in STUDY["forget_fractions"]:
+                    out += [f"{R}/metrics/unlearn_retrain/{m}/n{n}_s{s}/f{_fraction_tag(f)}_r{j}.parquet"
+                            for j in requests]
+    return out
+
+
+STUDY_METRICS.extend(unlearning_targets())
+
+
+rule unlearning:
+    input:
+        unlearning_targets(),
