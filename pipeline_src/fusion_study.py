@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 
+from pipeline_src.config import ConfigError
+
 MATCHINGS = ("none", "permutation", "rotation", "rotation-scaling")
 INITS = ("shared", "random_reinit")
 FUSIONS = ("soup", "fisher", "regmean")
 KINDS = ("nlft", "last")  # the kinds whose shard models have attention to match
 
 
-class FusionConfigError(ValueError):
+class FusionConfigError(ConfigError):
     """A `fusion:` section that the study cannot run (names the dotted key)."""
 
 
