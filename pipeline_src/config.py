@@ -111,6 +111,9 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
                 raise ConfigError(f"config key 'methods.{name}.k': required for kind '{method['kind']}'")
             if cfg["backbone"]["source"] == "pretrain" and k > depth:
                 raise ConfigError(f"config key 'methods.{name}.k': {k} exceeds backbone depth {depth}")
+    from pipeline_src.fusion_study import check_fusion_config  # raises ConfigError naming fusion.<key>
+
+    check_fusion_config(cfg)
     if count_samples:
         from pipeline_src.datasets import count_train_samples
 

@@ -21,7 +21,7 @@ SELECT method, any_value(kind) AS kind, shards,
        CASE WHEN model = 'shard' AND shards > 1 THEN 'shard-mean' WHEN model = 'shard' THEN 'full-data' ELSE model END AS model,
        avg(value) AS accuracy, count(*) AS models, count(DISTINCT seed) AS seeds
 FROM metrics
-WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain'
+WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain' AND variant IS NULL
 GROUP BY ALL
 ORDER BY method, shards, model
 """
@@ -69,7 +69,7 @@ def taft_table1(con, out_dir: Path) -> list[Path]:
     """The TAFT paper's Table 1 layout: full-data test accuracy of fc, nlft-k and taft-k."""
     return _pivot_report(con, out_dir, "table1_methods", "Table 1: test accuracy of models trained on the full training set", """
         SELECT method, 'accuracy' AS metric, avg(value) AS accuracy
-        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND shards = 1 AND kind IN ('fc', 'nlft', 'taft')
+        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND shards = 1 AND kind IN ('fc', 'nlft', 'taft') AND variant IS NULL
         GROUP BY ALL""")
 
 
@@ -79,7 +79,7 @@ def taft_table2(con, out_dir: Path) -> list[Path]:
     return _pivot_report(con, out_dir, "table2_composition", "Table 2: accuracy of the composed model by shard count", """
         SELECT method || CASE WHEN kind = 'taft' THEN ' (Δw sum)' ELSE ' (soup)' END AS composed, 'N=' || shards AS shards,
                avg(value) AS accuracy
-        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain'
+        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain' AND variant IS NULL
           AND (model = 'soup' OR (model = 'shard' AND shards = 1)) GROUP BY ALL""")
 
 

@@ -99,3 +99,17 @@ def test_invalid_config_fails_before_any_job(tmp_path):
     assert proc.returncode != 0
     assert "methods.nlft-1.k" in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_query_command_answers_sql_over_all_views(study):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline_src.query", "--results", str(study / "results"), *a],  # noqa: E731
+                                    capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    views = run("--views")
+    assert views.returncode == 0
+    for name in ("metrics", "models", "manifests", "samples", "jobs"):
+        assert f"{name}:" in views.stdout
+    out = run("--format", "csv", "SELECT method, count(*) AS n FROM models WHERE kind = 'trained' GROUP BY method ORDER BY method")
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "method,n"
+    assert "fc,3" in out.stdout  # full-data model + 2 shard models
+    bad = run("SELECT * FROM no_such_view")
+    assert bad.returncode == 1 and "no_such_view" in bad.stderr
