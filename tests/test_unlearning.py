@@ -159,3 +159,17 @@ def test_subtracting_a_shard_twice_is_refused(tangent_shards):
     composed = compose_deltas(states, [0.25] * 4)
     with pytest.raises(ForgetRequestError, match="shard 1 is not a component"):
         subtract_shards(composed, dict(enumerate(states)), [0.25] * 4, [0, 1, 2, 3], [1, 1])
+
+
+@pytest.mark.parametrize("study, key", [
+    ({"methods": ["nope"]}, "forget.study.methods.*'nope'"),
+    ({"methods": ["taft-1"], "shards": [3], "removed_shards": [3]}, "forget.study.removed_shards.*3 of 3"),
+    ({"methods": ["taft-1"], "forget_fractions": [1.5]}, "forget.study.forget_fractions.*1.5"),
+])
+def test_bad_study_settings_name_their_key(study, key):
+    from pipeline_src.config import ConfigError
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["forget"] = {"study": {"enabled": True, **study}}
+    with pytest.raises(ConfigError, match=key):
+        _validate(cfg)
