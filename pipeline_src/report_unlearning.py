@@ -86,11 +86,13 @@ def unlearning_retrain(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Pa
         return []
     paths = _save(df, out_dir, "unlearning_retrain", "Retrain-shard vs paragon: accuracy and unlearning time")
     fig, (ax_acc, ax_time) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for (method, strategy, n), g in df.groupby(["method", "strategy", "shards"]):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, ((method, strategy, n), g) in enumerate(df.groupby(["method", "strategy", "shards"])):
         label = f"{method} {strategy}" + ("" if strategy == "paragon" else f" (N={n})")
-        ax_acc.plot(g.fraction, g.accuracy, marker="o", label=label)
+        style = dict(marker="o", label=label, color=colors[k % len(colors)])  # one colour per curve in both panels
+        ax_acc.plot(g.fraction, g.accuracy, **style)
         if strategy != "sisa-retrain":  # same retraining time as retrain-shard
-            ax_time.plot(g.fraction, g.unlearn_time_s, marker="o", label=label)
+            ax_time.plot(g.fraction, g.unlearn_time_s, **style)
     for ax, ylabel in ((ax_acc, "test accuracy"), (ax_time, "unlearning wall time (s)")):
         ax.set_xscale("log")
         ax.set_xlabel("forgotten fraction of the training set")
