@@ -44,14 +44,24 @@ def signature_of(method_name):
 
 
 def train_inputs(w):
-    return train_inputs_of(w.method, w.shards, w.seed)
+    return train_inputs_of(w.method, w.shards, w.seed, int(w.shard))
 
 
-def train_inputs_of(method_name, shards, seed):
+def shard_manifests(shards, seed, shard=None):
+    """The shard manifests a training job reads (rule forget_manifest, workflow/rules/forget.smk):
+    each shard's ids minus its forgotten ones. A forget request changes only the affected shards'
+    manifests, so only their jobs and dependants rerun. One shard's path, or all N for shard=None."""
+    base = f"{R}/split/n{shards}_s{seed}"
+    if shard is not None:
+        return f"{base}/shard{shard}.parquet"
+    return [f"{base}/shard{i}.parquet" for i in range(int(shards))]
+
+
+def train_inputs_of(method_name, shards, seed, shard=None):
     inputs = {
         "samples": f"{R}/prepare/samples.parquet",
         "backbone": f"{R}/pretrain/model.safetensors",
-        "manifest": f"{R}/split/n{shards}_s{seed}/manifest.parquet",
+        "manifest": shard_manifests(shards, seed, shard),
     }
     cache = feature_cache(config["methods"][method_name])
     if config["features"]["cache"] and cache is not None:
