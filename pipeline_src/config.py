@@ -117,6 +117,7 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
     from pipeline_src.unlearning import check_forget_section  # raises ConfigError naming forget.<key> and the id
 
     check_forget_section(cfg, check_ids=count_samples)
+    n_train = None
     if count_samples:
         from pipeline_src.datasets import count_train_samples
 
@@ -124,3 +125,6 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
+    from pipeline_src.privacy_config import check_privacy_config  # raises ConfigError naming privacy.<key>
+
+    check_privacy_config(cfg, n_train)

@@ -2,13 +2,11 @@
 naming the key, and the feasibility check agrees with Opacus' own noise planner."""
 from __future__ import annotations
 
-import inspect
 
 import pytest
 import yaml
 from opacus.accountants.utils import get_noise_multiplier
 
-from pipeline_src import config as config_module
 from pipeline_src.config import ConfigError, validate_config
 from pipeline_src.privacy_config import (LARGEST_SIGMA_TRIED, check_privacy_config, epsilon_label, privacy_methods,
                                          shard_sizes)
@@ -22,11 +20,6 @@ def tiny_config(**privacy) -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["privacy"] = {"enabled": True, "methods": ["nlft-1", "taft-1", "last"], **privacy}
     return validate_config(cfg, count_samples=False)
-
-
-def _wired() -> bool:
-    """Whether pipeline_src/config.py already calls check_privacy_config."""
-    return "check_privacy_config" in inspect.getsource(config_module)
 
 
 def check(cfg: dict, n_train: int = N_TRAIN) -> None:
@@ -94,8 +87,6 @@ def test_feasibility_agrees_with_opacus_planner(accountant):
 
 
 def test_validate_config_runs_the_privacy_check():
-    if not _wired():
-        pytest.skip("pipeline_src/config.py does not call check_privacy_config yet (patch in the privacy report)")
     raw = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     raw["privacy"] = {"enabled": True, "methods": ["taft-1"], "epsilons": [0.01]}
     with pytest.raises(ConfigError, match=r"privacy.epsilons\[0\]"):

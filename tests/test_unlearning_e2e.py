@@ -27,11 +27,6 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.e2e
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 TARGETS = ["evaluate_all", "unlearning"]  # not `all`: the report of the other studies is not under test here
-# The forget_manifest rule feeds training once common.smk's train_inputs reads the per-shard
-# manifests (the patch /tmp/forget_patch.diff); until then the DAG-level tests are skipped.
-PATCHED = "shard_manifests" in (REPO / "workflow" / "rules" / "common.smk").read_text()
-needs_patch = pytest.mark.skipif(not PATCHED, reason="train rule does not read per-shard manifests yet "
-                                                     "(apply /tmp/forget_patch.diff to workflow/rules/common.smk)")
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -49,6 +44,7 @@ def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
 def _config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["methods"] = {k: v for k, v in cfg["methods"].items() if k in ("taft-1", "nlft-1")}
+    cfg["fusion"] = {"enabled": False}  # the fusion study names methods dropped here
     cfg["forget"] = {"study": {"enabled": True, "methods": ["taft-1", "nlft-1"], "shards": [3],
                                "removed_shards": [1], "requests_per_point": 1, "forget_fractions": [0.01, 0.3]}}
     return cfg
@@ -163,7 +159,6 @@ def test_bad_requests_fail_before_any_change(study):
     assert _mtimes(study) == before
 
 
-@needs_patch
 def test_dry_run_after_a_forget_request_plans_only_affected_shards(study):
     n2 = pq.read_table(study / "results/split/n2_s0/manifest.parquet")
     ids = shard_ids(n2, 1)[:2]  # both in shard 1 of n2_s0

@@ -73,7 +73,13 @@ def test_vectorized_shard_training_gives_the_per_shard_models(study):
         vectorized = load_file(study / f"results/train/taft-1-vec/n2_s0/shard{i}.safetensors")
         assert separate.keys() == vectorized.keys()
         for k in separate:
-            assert torch.allclose(separate[k], vectorized[k], rtol=1e-4, atol=1e-6), k
+            a, b = separate[k], vectorized[k]
+            if k.endswith("attn.qkv.delta.bias"):
+                # The key bias adds q·b_k to every score of a query row, which softmax ignores:
+                # its true gradient is 0, so Adam steps on float rounding noise. Compare q and v.
+                d = a.numel() // 3
+                a, b = torch.cat([a[:d], a[2 * d:]]), torch.cat([b[:d], b[2 * d:]])
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), k
 
 
 def test_nothing_to_do_after_the_run(study):
