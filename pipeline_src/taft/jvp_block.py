@@ -78,12 +78,14 @@ class TangentAttention(nn.Module):
         dq = dq * self.scale
         kt = k.transpose(1, 2)
         p = torch.bmm(q, kt).softmax(dim=-1)  # (B·H, N, N); primal, needs no grad
-        ds = torch.baddbmm(torch.bmm(dq, kt), q, dk.transpose(1, 2))  # dQ·Kᵀ + Q·dKᵀ
+        # The (B·H, N, N) tensors dominate memory: accumulate in place, and rebind names so each
+        # intermediate is freed as soon as the next one exists.
+        dp = torch.bmm(dq, kt).baddbmm_(q, dk.transpose(1, 2))  # dS = dQ·Kᵀ + Q·dKᵀ
         # dP = P ⊙ (dS − rowsum(P ⊙ dS)): the softmax Jacobian is symmetric, so this is softmax's
         # backward kernel applied to dS (fused, O(N²), and differentiable in dS).
-        dp = torch._softmax_backward_data(ds, p, -1, p.dtype)
+        dp = torch._softmax_backward_data(dp, p, -1, p.dtype)
         a = torch.bmm(p, v)  # (B·H, N, dh)
-        da = torch.baddbmm(torch.bmm(p, dv), dp, v)  # P·dV + dP·V
+        da = torch.bmm(p, dv).baddbmm_(dp, v)  # P·dV + dP·V
         a = a.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, N, H·dh)
         da = da.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj(a, da)
