@@ -5,6 +5,10 @@ stderr (tqdm progress included) go to the rule's `log:` file, and
 `pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
 (`pipeline_src/forkserver.py`, which saves the seconds of importing torch per job) or, with
 `PIPELINE_FORKSERVER=0` or when no server can be started, in this process.
+
+A job that declares the `gpu` resource holds that many device slots for its whole run
+(`pipeline_src/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
+Snakemake does not place local jobs on devices itself.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from pipeline_src.gpu_slots import acquire_gpu
 from pipeline_src.step_args import StepArgs, from_snakemake
 
 
@@ -25,6 +30,8 @@ def execute(step: str, args: StepArgs) -> int:
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(log_fd, 1), os.dup2(log_fd, 2)
         os.close(log_fd)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)
         return 0
@@ -38,15 +45,16 @@ def execute(step: str, args: StepArgs) -> int:
 def run_step(step: str, smk) -> None:
     """Run `pipeline_src.steps.<step>.main` for the job described by Snakemake's object."""
     args = from_snakemake(smk)
-    code = None
-    if os.environ.get("PIPELINE_FORKSERVER", "1") != "0":
-        from pipeline_src.forkserver import run_in_server
+    with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
+        code = None
+        if os.environ.get("PIPELINE_FORKSERVER", "1") != "0":
+            from pipeline_src.forkserver import run_in_server
 
-        code = run_in_server(step, args)
-    if code is None:
-        console = os.dup(2)
-        code = execute(step, args)
-        os.dup2(console, 2)
+            code = run_in_server(step, args)  # the child takes this process's environment
+        if code is None:
+            console = os.dup(2)
+            code = execute(step, args)
+            os.dup2(console, 2)
     if code:
         # Show the reason on the console too, not only in the log.
         tail = Path(args.log[0]).read_text().strip().splitlines()[-1:] if args.log else []

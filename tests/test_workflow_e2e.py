@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +18,9 @@ pytestmark = pytest.mark.e2e
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
     if check and proc.returncode:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -34,9 +33,22 @@ def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("study")
-    shutil.copy(REPO / ".test" / "config.yaml", workdir / "config.yaml")
-    snakemake(workdir, "--cores", "2")
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["resources"] = {"gpu": 1}  # GPU jobs on a fake 2-GPU machine: each holds a device slot
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(workdir, "--cores", "2", "--resources", "gpu=2", PIPELINE_NUM_GPUS="2",
+              PIPELINE_GPU_LOCK_DIR=str(workdir / "gpu-locks"))
     return workdir
+
+
+def test_each_gpu_job_ran_on_a_device_slot_of_its_own(study):
+    # Snakemake sets no CUDA_VISIBLE_DEVICES for local jobs; the launcher gives each GPU job one
+    # of the (fake) 2 devices. Concurrency of the slots themselves: tests/test_gpu_slots.py.
+    logs = sorted((study / "results" / "logs" / "train").rglob("*.log"))
+    assert logs
+    for log in logs:
+        assert re.search(r"^\[launch\] CUDA_VISIBLE_DEVICES=[01]$", log.read_text(), re.M), log
+    assert sorted(p.name for p in (study / "gpu-locks").iterdir()) == ["gpu0.lock", "gpu1.lock"]
 
 
 def test_study_runs_to_a_report_with_every_model(study):
