@@ -23,7 +23,10 @@ grows with use and then keeps freed tensors in the heap).
 The profiler-based CPU path of `peak_memory_mb` was not used: it misses the frees of
 autograd-saved tensors (it reported 185 MB for five Linear fwd/bwd passes on an 8 MB input).
 
-    python benchmarks/bench_last.py [--quick]
+Times are wall-clock medians (recorded in the rows); on the CPU the process CPU time is printed
+beside them, which is steadier on a shared machine (use --threads 1 so that they agree).
+
+    python benchmarks/bench_last.py [--quick] [--threads 1] [--cases last,grid16]
     python benchmarks/bench_last.py --vit-b --device cuda
 """
 from __future__ import annotations
@@ -31,7 +34,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import re
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -42,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
-from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, time_median, write_benchmark_rows  # noqa: E402
+from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
 from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys  # noqa: E402
 
 
@@ -78,6 +83,22 @@ def step_peak_mb(fn: Callable[[], None], device: str) -> float:
     return cpu_peak_rss_mb(fn)
 
 
+def time_wall_cpu(fn: Callable[[], None], repeats: int, warmup: int, device: str) -> tuple[list[float], list[float]]:
+    """Wall-clock and process-CPU milliseconds of `repeats` calls of `fn()` after `warmup` calls."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        sync()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    return wall, cpu
+
+
 def adam_state_mb(opt: torch.optim.Optimizer) -> float:
     return tensor_mb(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
 
@@ -108,9 +129,18 @@ def main() -> None:
     ap.add_argument("--modules", type=int, default=1, help="T, LSA modules per side block")
     ap.add_argument("--grid", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--cases", default="full,nlft1,last,last_cached,grid",
+                    help="comma-separated subset of full,nlft1,last,last_cached,grid")
     ap.add_argument("--out-dir", default="results/benchmarks")
     args = ap.parse_args()
     dev = torch.device(args.device)
+    cases = set(args.cases.split(","))
+    unknown = cases - {"full", "nlft1", "last", "last_cached", "grid"}
+    if unknown:
+        ap.error(f"unknown --cases {sorted(unknown)}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if dev.type == "cpu":
         pin_mmap_threshold()
     if args.vit_b:
@@ -129,22 +159,26 @@ def main() -> None:
         torch.manual_seed(0)
         return VisionTransformer(num_classes=num_classes, **vit_kw).to(dev)
 
-    results: dict[str, tuple[float, list[float]]] = {}
+    results: dict[str, tuple[float, float, float]] = {}  # case -> (peak MB, median wall ms, median CPU ms)
     rows = []
 
     def measure(case: str, step: Callable[[], None], resident: Callable[[], float]) -> None:
-        med, times = time_median(step, repeats=repeats, warmup=2, device=args.device)  # warmup allocates AdamW state
+        times, cpu = time_wall_cpu(step, repeats=repeats, warmup=2, device=args.device)  # warmup allocates AdamW state
+        med = statistics.median(times)
         res, transient = resident(), step_peak_mb(step, args.device)
         peak = res + transient
-        results[case] = (peak, times)
+        results[case] = (peak, med, statistics.median(cpu))
         rows.append(benchmark_row("bench_last", case, args.device, sizes, times, peak))
-        print(f"{case:12s} step {med:9.2f} ms   peak {peak:9.1f} MB (resident {res:.1f} + step {transient:.1f})",
-              flush=True)
+        cpu_txt = f" (cpu {statistics.median(cpu):9.2f} ms)" if dev.type == "cpu" else ""
+        print(f"{case:12s} step {med:9.2f} ms{cpu_txt}   peak {peak:9.1f} MB "
+              f"(resident {res:.1f} + step {transient:.1f})", flush=True)
 
     # Full fine-tuning and NLFT-1 (last block + norm + head).
     depth = vit_kw["depth"]
     for case, trainable in (("full", lambda n: True),
                             ("nlft1", lambda n: n.startswith((f"blocks.{depth - 1}.", "norm.", "fc_norm.", "head.")))):
+        if case not in cases:
+            continue
         vit = make_vit()
         step, opt = backbone_step(vit, trainable)
         measure(case, lambda: step(x, y), lambda: tensor_mb(vit.parameters()) + adam_state_mb(opt))
@@ -165,32 +199,37 @@ def main() -> None:
 
     cached = extract_features(vit, x, every=args.every)
     resident_last = lambda: tensor_mb(vit.parameters()) + tensor_mb(side.parameters()) + adam_state_mb(opt)  # noqa: E731
-    measure("last", lambda: side_step(extract_features(vit, x, every=args.every)), resident_last)
-    measure("last_cached", lambda: side_step(cached), lambda: resident_last() + tensor_mb(cached))
+    if "last" in cases:
+        measure("last", lambda: side_step(extract_features(vit, x, every=args.every)), resident_last)
+    if "last_cached" in cases:
+        measure("last_cached", lambda: side_step(cached), lambda: resident_last() + tensor_mb(cached))
     del side, opt, cached
 
     members = [dict(rank=args.rank, heads=args.heads, every=args.every, modules_per_block=args.modules,
                     lr=10 ** (-2 - 2 * i / max(args.grid - 1, 1)), seed=i) for i in range(args.grid)]
-    grid = SideGrid(vit, members, num_classes=num_classes)
     keys = feature_keys(depth, args.every)
+    grid_case = f"grid{args.grid}"
+    if "grid" in cases:
+        grid = SideGrid(vit, members, num_classes=num_classes)
 
-    def grid_step() -> None:
-        grid.step(dict(zip(keys, extract_features(vit, x, every=args.every))), y)
+        def grid_step() -> None:
+            grid.step(dict(zip(keys, extract_features(vit, x, every=args.every))), y)
 
-    measure(f"grid{args.grid}", grid_step, lambda: tensor_mb(vit.parameters()) + sum(
-        tensor_mb([*g.params.values(), *g.exp_avg.values(), *g.exp_avg_sq.values()]) for g in grid.groups))
+        measure(grid_case, grid_step, lambda: tensor_mb(vit.parameters()) + sum(
+            tensor_mb([g.flat, g.exp_avg, g.exp_avg_sq]) for g in grid.groups))
 
     path = write_benchmark_rows("bench_last", rows, out_dir=args.out_dir)
-    full_mem, full_times = results["full"]
-    full_t = sorted(full_times)[len(full_times) // 2]
-    print(f"\nratios vs full fine-tuning (memory, median step time); wrote {path}")
-    for case, (mem, times) in results.items():
-        t = sorted(times)[len(times) // 2]
-        print(f"  {case:12s} memory {mem / full_mem:6.1%}   time {t / full_t:6.1%}")
-    one = results["last"]
-    g_mem, g_times = results[f"grid{args.grid}"]
-    print(f"  grid{args.grid} vs one LAST network: memory {g_mem / one[0]:.2f}x   time "
-          f"{sorted(g_times)[len(g_times) // 2] / sorted(one[1])[len(one[1]) // 2]:.2f}x")
+    print(f"\nwrote {path}")
+    if "full" in results:
+        full_mem, full_t, full_c = results["full"]
+        print("ratios vs full fine-tuning (memory, median step time)")
+        for case, (mem, t, c) in results.items():
+            cpu_txt = f"   cpu time {c / full_c:6.1%}" if dev.type == "cpu" else ""
+            print(f"  {case:12s} memory {mem / full_mem:6.1%}   time {t / full_t:6.1%}{cpu_txt}")
+    if "last" in results and grid_case in results:
+        (one_mem, one_t, one_c), (g_mem, g_t, g_c) = results["last"], results[grid_case]
+        cpu_txt = f"   cpu time {g_c / one_c:.2f}x" if dev.type == "cpu" else ""
+        print(f"  {grid_case} vs one LAST network: memory {g_mem / one_mem:.2f}x   time {g_t / one_t:.2f}x{cpu_txt}")
     print("  goals: LAST memory <= 25% and time <= 50% of full FT; grid16 <= 3x one network")
 
 

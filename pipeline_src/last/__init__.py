@@ -3,10 +3,11 @@
 Paper: Tang, Fu, Zhu, Wu, "Low-Rank Attention Side-Tuning for Parameter-Efficient
 Fine-Tuning", arXiv:2402.04009, 2024.
 
-    features.py      frozen no-grad feature extraction (z_0..z_m) and the block-indexed cache
-    side_network.py  LSA module and the side network (bias correction, head)
-    train.py         one side network, torch.optim.AdamW
-    grid.py          many side networks at once (vmap over stacked parameters)
+    features.py         frozen no-grad feature extraction (z_0..z_m) and the block-indexed cache
+    side_network.py     LSA module and the side network (bias correction, head)
+    train.py            one side network, torch.optim.AdamW
+    low_rank_stream.py  forward of M stacked side networks on shared features, residual stream in low-rank form
+    grid.py             many side networks at once (stacked parameters, one AdamW step per group)
 """
 from pipeline_src.last.features import extract_feature_dict, extract_features, feature_keys, side_inputs
 from pipeline_src.last.grid import SideGrid, train_side_grid

@@ -6,12 +6,15 @@ backbone, so many of them (learning rates, seeds, ranks, heads, g, T) can train 
 set of extracted features in parallel.
 
 How: members are grouped by architecture (`train.ARCH_KEYS`). Within a group the
-parameters are stacked with `torch.func.stack_module_state` (leading member dim M) and the
-forward is `vmap(functional_call(...))` over that dim, with the batch shared (not copied).
+parameters are stacked with `torch.func.stack_module_state` (leading member dim M) and kept
+as one flat (M, P) tensor. The forward is `low_rank_stream.stacked_logits`: the same function
+as each member's `SideNetwork`, with the D-wide products of the shared features done once for
+the whole group (one matmul) and no per-member D-wide residual stream, so a member costs
+far less than a network alone.
 One AdamW step updates a whole group at once with per-member learning rates and weight
 decays broadcast over the member dim. It matches `torch.optim.AdamW` (single-tensor
 formula) so a grid member equals the same member trained alone by `train_side_network`
-(same batch order: `train.batch_order`).
+(same batch order: `train.batch_order`) up to float rounding.
 """
 from __future__ import annotations
 
@@ -23,64 +26,63 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import stack_module_state
 
 from pipeline_src.last.features import feature_keys, side_inputs
-from pipeline_src.last.side_network import LowRankSelfAttention
+from pipeline_src.last.low_rank_stream import stacked_logits
 from pipeline_src.last.train import (ADAM_BETAS, ADAM_EPS, ARCH_KEYS, Progress, batch_order, build_side_network,
                                      check_dataset, normalize_member)
 
 
 class _Group:
-    """Members of one architecture, parameters stacked along a leading member dim M."""
+    """Members of one architecture; all their parameters in one (M, P) tensor (M members, P
+    parameters each), so that one AdamW step is a few whole-tensor operations."""
 
     def __init__(self, backbone: VisionTransformer, members: list[dict], index: list[int], num_classes: int) -> None:
         nets = [build_side_network(backbone, m, num_classes=num_classes) for m in members]
         self.index, self.every, self.depth = index, nets[0].every, nets[0].depth
-        self.params, self.buffers = stack_module_state(nets)  # name -> (M, *shape), leaf, requires_grad
-        self.base = copy.deepcopy(nets[0]).to("meta")  # stateless skeleton for functional_call
-        for mod in self.base.modules():
-            if isinstance(mod, LowRankSelfAttention):
-                mod.fused_attn = False  # SDPA has no vmap batching rule (falls back to a slow loop)
-        ref = next(iter(self.params.values()))
-        self.lr = torch.tensor([m["lr"] for m in members], dtype=ref.dtype, device=ref.device)  # (M,)
-        self.wd = torch.tensor([m["weight_decay"] for m in members], dtype=ref.dtype, device=ref.device)
-        self.exp_avg = {k: torch.zeros_like(p) for k, p in self.params.items()}
-        self.exp_avg_sq = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        params, self.buffers = stack_module_state(nets)  # name -> (M, *shape)
+        self.base = copy.deepcopy(nets[0]).to("meta")  # stateless skeleton: the architecture
+        self.names = list(params)
+        self.shapes = [params[k].shape[1:] for k in self.names]
+        self.flat = torch.cat([params[k].detach().flatten(1) for k in self.names], 1).requires_grad_(True)  # (M, P)
+        self.lr = self.flat.new_tensor([m["lr"] for m in members]).unsqueeze(1)  # (M, 1)
+        self.wd = self.flat.new_tensor([m["weight_decay"] for m in members]).unsqueeze(1)
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
         self.t = 0
+
+    def params(self) -> dict[str, Tensor]:
+        """name -> (M, *shape) views of the flat parameters (differentiable)."""
+        chunks = self.flat.split([s.numel() for s in self.shapes], 1)
+        return {k: t.view(-1, *s) for k, t, s in zip(self.names, chunks, self.shapes)}
 
     def logits(self, feats: list[Tensor]) -> Tensor:
         """(M, B, num_classes) logits of all members on one shared batch."""
-        def one(params: dict, buffers: dict, f: list[Tensor]) -> Tensor:
-            return functional_call(self.base, (params, buffers), (f,))
-        return vmap(one, in_dims=(0, 0, None))(self.params, self.buffers, feats)
+        return stacked_logits(self.base, {**self.params(), **self.buffers}, feats)
 
     def step(self, feats: list[Tensor], labels: Tensor) -> Tensor:
         """One AdamW step of every member; returns the (M,) losses before the step."""
         logits = self.logits(feats)  # (M, B, C)
         losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat(logits.shape[0]),
                                  reduction="none").view(logits.shape[:2]).mean(1)  # (M,)
-        names = list(self.params)
         # Members are independent, so d(sum of losses)/d(member j) = d(loss_j)/d(member j).
-        grads = torch.autograd.grad(losses.sum(), [self.params[k] for k in names])
+        (grad,) = torch.autograd.grad(losses.sum(), [self.flat])  # (M, P)
         self.t += 1
         b1, b2 = ADAM_BETAS
         bc1, bc2_sqrt = 1 - b1 ** self.t, math.sqrt(1 - b2 ** self.t)
-        with torch.no_grad():
-            for name, grad in zip(names, grads):
-                p, m, v = self.params[name], self.exp_avg[name], self.exp_avg_sq[name]
-                shape = (-1,) + (1,) * (p.dim() - 1)  # broadcast (M,) over the parameter dims
-                lr, wd = self.lr.view(shape), self.wd.view(shape)
-                p.mul_(1 - lr * wd)  # decoupled weight decay, as torch.optim.AdamW
-                m.lerp_(grad, 1 - b1)
-                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
-                p.sub_((lr / bc1) * m / denom)
+        with torch.no_grad():  # torch.optim.AdamW's single-tensor formula, lr and wd per member (row)
+            p, m, v = self.flat, self.exp_avg, self.exp_avg_sq
+            p.mul_(1 - self.lr * self.wd)  # decoupled weight decay
+            m.lerp_(grad, 1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
+            p.sub_((self.lr / bc1) * m / denom)
         return losses.detach()
 
     def state_dicts(self) -> list[dict[str, Tensor]]:
         """One CPU state dict per member, in group order."""
-        stacked = {**self.params, **self.buffers}
+        stacked = {**self.params(), **self.buffers}
         return [{k: v[j].detach().cpu().clone() for k, v in stacked.items()} for j in range(len(self.index))]
 
 

@@ -39,7 +39,7 @@ class LowRankSelfAttention(nn.Module):
     Attention runs on r dims split into n heads with scale 1/sqrt(r/n). With `fused_attn`
     (default, like timm's Attention) it uses `F.scaled_dot_product_attention`, which does not
     keep the N x N attention map for backward; set `fused_attn = False` for the written-out
-    math path, which `grid.py` uses because SDPA has no vmap batching rule.
+    math path (e.g. for vmap or forward-mode AD).
     A_Q, A_K, A_V, B are plain `nn.Linear` modules (Opacus grad samplers apply); see the
     module docstring for the per-head rotation symmetry.
 

@@ -28,7 +28,7 @@ MEMBER_DEFAULTS: dict = {
     "qkv_bias": True, "proj_bias": True, "seed": 0, "lr": 1e-3, "weight_decay": 0.0,
 }
 REQUIRED_KEYS = ("rank", "heads")
-# Members sharing these values have identical parameter shapes and forward: one vmapped group.
+# Members sharing these values have identical parameter shapes and forward: one stacked group (`grid.py`).
 ARCH_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "qkv_bias", "proj_bias")
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
