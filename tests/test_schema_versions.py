@@ -98,10 +98,6 @@ def test_old_and_current_files_read_together(tmp_path):
     assert "fc,fc,2,soup,0.85" in accuracy and "fusion" not in accuracy  # rows with a variant stay out
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=(
-    "known bug: with no file holding `variant`, the metrics view has no such column and every report's "
-    "`variant IS NULL` fails (DuckDB Binder Error); fix in pipeline_src/results_db.py by adding the "
-    "METRICS_SCHEMA columns missing from the files as typed NULLs, then drop this marker"))
 def test_a_results_dir_with_only_old_files_still_reports(tmp_path):
     results = tmp_path / "results"
     old_study(results)
