@@ -1,9 +1,11 @@
 """DP step time and peak memory: non-private vs Opacus hooks vs Opacus ghost vs our fast
-norm samplers ("fast"), for NLFT regimes on a small ViT and for the fully-connected case
+norm samplers in Opacus' two-pass ghost clipping ("fast") vs our single-backward
+book-keeping clipping ("bk"; Bu et al. 2023, "Differentially Private Optimization on Large
+Model at Small Cost"), for NLFT regimes on a small ViT and for the fully-connected case
 across output dimension and batch size (Lee & Kifer 2021, "Scaling up differentially
 private deep learning with fast per-example gradient clipping", Figure 4).
 
-Run: python benchmarks/bench_dp.py [--quick] [--device cuda] [--vit-b]
+Run: python benchmarks/bench_dp.py [--quick] [--device cuda] [--vit-b] [--modes bk,fast] [--clock cpu]
 Writes results/benchmarks/bench_dp.parquet and prints ratio tables (DP / non-private).
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import copy
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -20,11 +23,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, time_median, write_benchmark_rows  # noqa: E402
+from pipeline_src.benchmark_rows import (benchmark_row, peak_memory_mb, pin_mmap_threshold, time_median,  # noqa: E402
+                                         write_benchmark_rows)
 from pipeline_src.dp import apply_regime, nlft_scope  # noqa: E402
 from pipeline_src.dp.private_training import dp_backward, make_private_model  # noqa: E402
 
-MODES = ("nonprivate", "hooks", "ghost", "fast")
+MODES = ("nonprivate", "hooks", "ghost", "fast", "bk")
 
 
 class Tail(nn.Module):
@@ -60,22 +64,39 @@ def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str):
     return dp_step
 
 
-def measure(base: nn.Module, prepare, x, y, device: str, repeats: int, sizes: dict, case: str) -> list[dict]:
+def cpu_time_ms(fn) -> list[float]:
+    """CPU time of this process for one `fn()` call, in ms: with one torch thread it is the
+    step's own compute, unaffected by other processes queueing for the same cores."""
+    t0 = time.process_time()
+    fn()
+    return [(time.process_time() - t0) * 1e3]
+
+
+def measure(base: nn.Module, prepare, x, y, device: str, repeats: int, sizes: dict, case: str,
+            args_modes: tuple[str, ...] = MODES, clock: str = "wall") -> list[dict]:
     """Time the modes interleaved (one step of each per round), so load from other
-    processes on a shared machine hits every mode alike; medians over rounds."""
+    processes on a shared machine hits every mode alike; medians over rounds.
+    clock "cpu" times process CPU time instead of wall time (CPU, one thread)."""
     steps = {}
-    for mode in MODES:
+    for mode in args_modes:
         model = copy.deepcopy(base)
         prepare(model)
         steps[mode] = make_step(model, x, y, mode)
-    times: dict[str, list[float]] = {m: [] for m in MODES}
+    times: dict[str, list[float]] = {m: [] for m in args_modes}
     for _ in range(repeats):
-        for mode in MODES:
-            times[mode] += time_median(steps[mode], repeats=1, warmup=1 if not times[mode] else 0, device=device)[1]
+        for mode in args_modes:
+            if clock == "cpu":
+                if not times[mode]:
+                    steps[mode]()  # warm-up
+                times[mode] += cpu_time_ms(steps[mode])
+            else:
+                times[mode] += time_median(steps[mode], repeats=1, warmup=1 if not times[mode] else 0,
+                                           device=device)[1]
     rows = []
-    for mode in MODES:
+    for mode in args_modes:
         peak = peak_memory_mb(steps[mode], device=device)
-        rows.append(benchmark_row("bench_dp", f"{case}:{mode}", device, {**sizes, "mode": mode}, times[mode], peak))
+        rows.append(benchmark_row("bench_dp", f"{case}:{mode}", device, {**sizes, "mode": mode, "clock": clock},
+                                  times[mode], peak))
         print(f"  {case:<28} {mode:<10} {statistics.median(times[mode]):9.2f} ms  {peak:9.1f} MB", flush=True)
     return rows
 
@@ -104,7 +125,7 @@ def nlft_rows(args, device: str) -> list[dict]:
             base = Tail(vit, 1) if inp == "features" else vit
             rows += measure(base, lambda m: apply_regime(m, regime, nlft_scope(m.vit if isinstance(m, Tail) else m)),
                             h if inp == "features" else imgs, y, device, args.repeats, sizes,
-                            f"nlft-{inp}-{regime}")
+                            f"nlft-{inp}-{regime}", args.modes, args.clock)
     return rows
 
 
@@ -117,7 +138,7 @@ def fc_rows(args, device: str) -> list[dict]:
             x = torch.randn(b, args.fc_in, device=device)
             y = torch.randint(0, 10, (b,), device=device)
             sizes = dict(benchmark="fc", batch=b, d_in=args.fc_in, d_hidden=p)
-            rows += measure(base, lambda m: None, x, y, device, args.repeats, sizes, f"fc-B{b}-p{p}")
+            rows += measure(base, lambda m: None, x, y, device, args.repeats, sizes, f"fc-B{b}-p{p}", args.modes, args.clock)
     return rows
 
 
@@ -126,10 +147,13 @@ def ratio_table(rows: list[dict]) -> str:
     for r in rows:
         case, mode = r["case"].rsplit(":", 1)
         by_case.setdefault(case, {})[mode] = r
-    lines = [f"{'case':<28} {'non-private':>16} " + " ".join(f"{m + ' t/mem':>16}" for m in MODES[1:])]
+    modes = [k for k in MODES[1:] if any(r["case"].endswith(f":{k}") for r in rows)]
+    lines = [f"{'case':<28} {'non-private':>16} " + " ".join(f"{k + ' t/mem':>16}" for k in modes)]
     for case, m in by_case.items():
         t0, m0 = m["nonprivate"]["time_ms_median"], m["nonprivate"]["peak_mem_mb"]
-        cells = [f"{m[k]['time_ms_median'] / t0:6.2f}x/{m[k]['peak_mem_mb'] / max(m0, 1e-9):6.2f}x" for k in MODES[1:]]
+        # peak growth below 1 MB is allocator noise on the CPU: no memory ratio then
+        cells = [f"{m[k]['time_ms_median'] / t0:6.2f}x/" + (f"{m[k]['peak_mem_mb'] / m0:6.2f}x" if m0 >= 1.0 else "    n/a")
+                 for k in modes]
         lines.append(f"{case:<28} {t0:8.1f}ms/{m0:5.0f}MB " + " ".join(f"{c:>16}" for c in cells))
     return "\n".join(lines)
 
@@ -142,9 +166,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
     ap.add_argument("--out-dir", default="results/benchmarks")
+    ap.add_argument("--modes", default=",".join(MODES[1:]),
+                    help=f"comma-separated DP modes to compare with non-private (default all: {','.join(MODES[1:])})")
+    ap.add_argument("--regimes", default=None, help="comma-separated NLFT regimes (default: all; --quick: full,fc)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall time, or process CPU time (CPU device with --threads 1 only; steady under load)")
     args = ap.parse_args()
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
+        ap.error("--clock cpu needs --device cpu and --threads 1")
+    unknown = set(args.modes.split(",")) - set(MODES[1:])
+    if unknown:
+        ap.error(f"unknown --modes {sorted(unknown)}; choose from {MODES[1:]}")
+    args.modes = ("nonprivate", *[k for k in MODES[1:] if k in args.modes.split(",")])
     args.repeats = 5 if args.quick else 11
-    args.regimes = ["full", "fc"] if args.quick else ["full", "bitfit", "layernorm", "fc"]
+    args.regimes = (args.regimes.split(",") if args.regimes else
+                    ["full", "fc"] if args.quick else ["full", "bitfit", "layernorm", "fc"])
     args.inputs = ["features"] if args.quick else ["features", "images"]
     args.fc_in = 128
     args.fc_dims = [64, 512] if args.quick else [64, 256, 1024]
@@ -153,10 +189,11 @@ def main() -> None:
         args.fc_in, args.fc_dims = 768, [768, 3072, 12288]
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    print(f"device={args.device} threads={torch.get_num_threads()}")
+        pin_mmap_threshold()  # RSS follows tensor frees, so peak RSS growth is a fair memory measure
+    print(f"device={args.device} threads={torch.get_num_threads()} clock={args.clock}")
     rows = nlft_rows(args, args.device) + fc_rows(args, args.device)
     path = write_benchmark_rows("bench_dp", rows, args.out_dir)
-    print("\nDP / non-private (time x / peak memory x); goal: fast <= 1.3x time, <= 1.2x memory")
+    print("\nDP / non-private (time x / peak memory x); goal: <= 1.3x time, <= 1.2x memory")
     print(ratio_table(rows))
     print(f"\nwrote {len(rows)} rows to {path}")
 

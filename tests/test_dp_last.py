@@ -1,5 +1,5 @@
 """DP for the LAST side network (pipeline_src.last): fast per-example norms vs
-micro-batches of size one, and DP training on cached feature lists."""
+micro-batches of size one, and DP training on cached feature lists (fast, bk, hooks)."""
 from __future__ import annotations
 
 import pytest
@@ -31,12 +31,13 @@ def test_side_network_is_covered_and_norms_match():
     assert_norms_match(side, feats, y, zero_grad_suffixes=("a_k.bias",))
 
 
-def test_side_network_dp_training_fast_equals_hooks():
+def test_side_network_dp_training_fast_and_bk_equal_hooks():
     states = {}
-    for mode in ("fast", "hooks"):
+    for mode in ("fast", "bk", "hooks"):
         side, feats, y = _side_and_features(n=24)
         states[mode], rec = train_private(side, feats, y, loss_fn=ce, epochs=1, batch_size=6, lr=0.5, epsilon=3.0,
                                           delta=1e-2, max_grad_norm=0.1, seed=0, mode=mode)
         assert rec["steps_taken"] == 4
     for n, t in states["fast"].items():
         torch.testing.assert_close(t, states["hooks"][n], rtol=1e-7, atol=1e-9, msg=n)
+        torch.testing.assert_close(states["bk"][n], states["hooks"][n], rtol=1e-7, atol=1e-9, msg=n)

@@ -1,6 +1,6 @@
-"""DP-SGD loop: fast, Opacus ghost and Opacus hooks give the same model for the same seed
-(they differ only in how per-example norms are computed), and the record matches the
-engine's accountant."""
+"""DP-SGD loop: book-keeping (bk, one backward), fast, Opacus ghost and Opacus hooks give the
+same model for the same seed (they differ only in how the clipped sum is computed), and the
+record matches the engine's accountant."""
 from __future__ import annotations
 
 import pytest
@@ -24,7 +24,7 @@ def _run(mode: str, regime: str = "full"):
 
 def test_modes_agree_and_record_matches_accountant():
     base = tiny_vit()
-    results = {m: _run(m) for m in ("fast", "ghost", "hooks")}
+    results = {m: _run(m) for m in ("fast", "bk", "ghost", "hooks")}
     model, state, rec, steps = results["fast"]
     assert rec["steps_taken"] == rec["steps"] == 8 == len(steps)
     assert rec["epsilon_spent"] == pytest.approx(
@@ -33,7 +33,7 @@ def test_modes_agree_and_record_matches_accountant():
     assert set(state) == {n for n, p in model.named_parameters() if p.requires_grad}
     moved = max((state[n] - dict(base.named_parameters())[n]).abs().max().item() for n in state)
     assert moved > 1e-3
-    for other in ("ghost", "hooks"):
+    for other in ("bk", "ghost", "hooks"):
         for n, t in results[other][1].items():
             torch.testing.assert_close(t, state[n], rtol=1e-7, atol=1e-9, msg=f"{other}: {n}")
     # frozen parameters stay put and Opacus' hooks are gone afterwards
@@ -41,11 +41,16 @@ def test_modes_agree_and_record_matches_accountant():
         if n not in state:
             assert torch.equal(p, dict(base.named_parameters())[n])
     assert not model._forward_hooks and not any(hasattr(p, "_norm_sample") for p in model.parameters())
+    bk_model, _, bk_rec, _ = results["bk"]
+    assert bk_rec["mode"] == "bk" and bk_rec["epsilon_spent"] == rec["epsilon_spent"]
+    assert not any(m._forward_hooks for m in bk_model.modules())
+    assert all(p.requires_grad == (n in state) for n, p in bk_model.named_parameters())
 
 
+@pytest.mark.parametrize("mode", ["fast", "bk"])
 @pytest.mark.parametrize("regime", REGIMES)
-def test_regimes_train_only_their_parameters(regime):
-    model, state, rec, _ = _run("fast", regime)
+def test_regimes_train_only_their_parameters(regime, mode):
+    model, state, rec, _ = _run(mode, regime)
     names = set(state)
     if regime == "fc":
         assert names == {"head.weight", "head.bias"}
@@ -80,7 +85,7 @@ def test_loss_fn_must_be_per_example():
 
 def test_empty_poisson_batches_still_step_and_modes_agree():
     states, sizes = {}, {}
-    for mode in ("fast", "hooks"):
+    for mode in ("fast", "bk", "hooks"):
         model = tiny_vit()
         apply_regime(model, "fc", nlft_scope(model))
         g = torch.Generator().manual_seed(0)
@@ -91,6 +96,7 @@ def test_empty_poisson_batches_still_step_and_modes_agree():
                                           max_grad_norm=1.0, seed=0, mode=mode, progress=log.append)
         sizes[mode] = [d["batch"] for d in log]
         assert rec["steps_taken"] == 20
-    assert 0 in sizes["fast"] and sizes["fast"] == sizes["hooks"]  # q = 1/20: empty batches occur
+    assert 0 in sizes["fast"] and sizes["fast"] == sizes["hooks"] == sizes["bk"]  # q = 1/20: empty batches occur
     for n, t in states["fast"].items():
         torch.testing.assert_close(t, states["hooks"][n], rtol=1e-7, atol=1e-9, msg=n)
+        torch.testing.assert_close(states["bk"][n], states["hooks"][n], rtol=1e-7, atol=1e-9, msg=n)

@@ -1,6 +1,11 @@
 """DP-SGD training of whatever parameters of a model are trainable, with Opacus'
-PrivacyEngine and Poisson sampling, and three ways of getting per-example norms:
+PrivacyEngine and Poisson sampling, and four ways of clipping per-example gradients:
 
+- "bk": book-keeping clipping (Bu et al. 2023, "Differentially Private Optimization on
+  Large Model at Small Cost"): ONE backward pass to the trainable layers' outputs, the
+  per-example norms from our per-layer rules, then Σ_i c_i ∇ℓ_i formed per layer from the
+  recorded activations and the rescaled output gradients (`book_keeping`). Opacus'
+  DPOptimizer (noise, scaling), accountant and Poisson DPDataLoader do the rest.
 - "fast": ghost clipping with our norm samplers (Gram/direct Linear forms, vector fast
   path, LayerNorm and AdditiveDelta rules; Lee & Kifer 2021, "Scaling up differentially
   private deep learning with fast per-example gradient clipping"; Li et al. 2022 ghost
@@ -8,7 +13,9 @@ PrivacyEngine and Poisson sampling, and three ways of getting per-example norms:
 - "ghost": Opacus' own ghost clipping (its Linear sampler; other types materialise
   per-example gradients first).
 - "hooks": Opacus' per-example gradients (Abadi et al. 2016, DP-SGD).
-Used for DP-TAFT (Liu & Soatto 2024, "Tangent Transformers...", §3.4), DP-NLFT and DP-LAST.
+"fast" and "ghost" run two backward passes (norms, then the reweighted loss); all four give
+the same clipped sum up to rounding. Used for DP-TAFT (Liu & Soatto 2024, "Tangent
+Transformers...", §3.4), DP-NLFT and DP-LAST.
 """
 from __future__ import annotations
 
@@ -21,10 +28,11 @@ from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClippi
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import plan_budget
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 
-MODES = ("fast", "ghost", "hooks")
+MODES = ("bk", "fast", "ghost", "hooks")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -46,14 +54,37 @@ def dp_backward(module: nn.Module, optimizer: torch.optim.Optimizer, losses: tor
         module: the Opacus-wrapped model.
         optimizer: its DPOptimizer.
         losses: per-example losses, (B,).
-        mode: "fast" | "ghost" (two passes: norms, then Σ_i c_i ∇ℓ_i) or "hooks".
+        mode: "bk" (one pass), "fast" | "ghost" (two passes: norms, then Σ_i c_i ∇ℓ_i) or "hooks".
     """
-    if mode in ("fast", "ghost"):
+    if mode == "bk":
+        module.clipped_backward(losses)
+    elif mode in ("fast", "ghost"):
         DPTensorFastGradientClipping(module, optimizer, losses, "mean").backward()
     elif mode == "hooks":
         losses.mean().backward()
     else:
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
+
+
+def _make_private_bk(engine: PrivacyEngine, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
+                     *, sigma: float, max_grad_norm: float, noise_generator: torch.Generator | None):
+    """`PrivacyEngine.make_private` for grad_sample_mode="ghost" minus Opacus' model wrapping
+    (whose hooks would do the norm work a second time): the same validation, Poisson
+    DPDataLoader, DPOptimizerFastGradientClipping and accountant hook, in the same order."""
+    model_params = set(model.parameters())
+    if any(p not in model_params for g in optimizer.param_groups for p in g["params"]):
+        raise ValueError("Module parameters are different than optimizer Parameters")
+    engine.validate(module=model, optimizer=None, data_loader=None)
+    module = BookKeepingModule(model, max_grad_norm=max_grad_norm)
+    dp_loader = engine._prepare_data_loader(loader, distributed=False, poisson_sampling=True, batch_first=True)
+    sample_rate = 1 / len(dp_loader)
+    expected_batch_size = int(len(dp_loader.dataset) * sample_rate)
+    dp_opt = engine._prepare_optimizer(optimizer=optimizer, noise_multiplier=sigma, max_grad_norm=max_grad_norm,
+                                       expected_batch_size=expected_batch_size, loss_reduction="mean",
+                                       noise_generator=noise_generator, distributed=False, clipping="flat",
+                                       grad_sample_mode="ghost")
+    dp_opt.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
+    return module, dp_opt, dp_loader
 
 
 def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, mode: str,
@@ -65,7 +96,7 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
         model: model with the trainable parameters already selected.
         optimizer: optimizer over those parameters.
         loader: non-private loader; replaced by Poisson sampling.
-        mode: "fast", "ghost" or "hooks".
+        mode: "bk", "fast", "ghost" or "hooks".
         sigma: noise multiplier.
         max_grad_norm: clipping bound C.
         accountant: "rdp" or "prv".
@@ -76,6 +107,9 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     if mode == "fast":
         check_fast_supported(model)
     engine = PrivacyEngine(accountant=accountant)
+    if mode == "bk":
+        return (engine, *_make_private_bk(engine, model, optimizer, loader, sigma=sigma, max_grad_norm=max_grad_norm,
+                                          noise_generator=noise_generator))
     out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
                               max_grad_norm=max_grad_norm, poisson_sampling=True, noise_generator=noise_generator,
                               grad_sample_mode="hooks" if mode == "hooks" else "ghost",
@@ -88,7 +122,7 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
 
 def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor], labels: torch.Tensor, *, loss_fn: LossFn = per_example_cross_entropy,
                   epochs: int, batch_size: int, lr: float, epsilon: float, delta: float, max_grad_norm: float,
-                  seed: int, mode: str = "fast", accountant: str = "rdp",
+                  seed: int, mode: str = "bk", accountant: str = "rdp",
                   progress: Callable[[dict], None] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """DP-SGD on the trainable parameters of `model` for a target (ε, δ).
 
@@ -106,7 +140,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
         delta: target δ.
         max_grad_norm: clipping bound C.
         seed: seeds Poisson sampling and noise.
-        mode: "fast" (ours), "ghost" or "hooks" (Opacus').
+        mode: "bk" (ours, one backward), "fast" (ours, two backwards), "ghost" or "hooks" (Opacus').
         accountant: "rdp" or "prv".
         progress: called after each step with {"step", "epoch", "loss", "batch"}.
     Returns:

@@ -1,0 +1,381 @@
+"""Book-keeping (BK) clipping: per-example clipped gradient sums from ONE backward pass.
+
+Bu, Wang, Zha, Karypis, "Differentially Private Optimization on Large Model at Small Cost",
+ICML 2023. Ghost clipping (Li et al. 2022) needs two backward passes: one for the
+per-example norms, a second one for Σ_i c_i ∇ℓ_i. BK does one:
+
+1. forward with the trainable parameters *detached* (so autograd never computes their
+   gradients) while forward hooks record each trainable layer's input a and tap its output y;
+2. one backward of Σ_i ℓ_i that ends at the taps: each tap receives the per-example output
+   gradients g = ∂ℓ_i/∂y_i and applies its layer's rule at once (no parameter gradient is
+   formed; g is kept only where the clipped sum needs it);
+3. per-example squared norms from (a, g) by the per-layer rules below, summed over layers;
+   c_i = min(1, C / (‖∇ℓ_i‖ + 1e-6)), exactly Opacus' clipping factor;
+4. the clipped sum per layer directly from (a, c ⊙ g), e.g. for nn.Linear
+   ∇W = Σ_i c_i g_iᵀ a_i as one GEMM, written to `p.grad` for Opacus' DPOptimizer
+   (DPOptimizerFastGradientClipping: noise, scaling, accounting).
+
+Per-layer rules (module types matched exactly, as Opacus does):
+- nn.Linear on (B, *, d_in): weight norm by the Gram form ⟨a aᵀ, g gᵀ⟩, the vector form
+  ‖a‖²‖g‖² (T = 1), or the direct form ‖g_iᵀ a_i‖² when T·(d_in+d_out) > d_in·d_out
+  (then the per-example gradients, no larger than a and g, are kept and contracted with c);
+  bias Σ_t g_t (Lee & Kifer 2021; Li et al. 2022).
+- nn.LayerNorm / timm LayerNorm affine: γ: Σ_t g ⊙ x̂, β: Σ_t g.
+- AdditiveDelta: g summed over its broadcast dims.
+- nn.Embedding: ‖∇W_i‖² = Σ_{t,t'} [idx_t = idx_t'] ⟨g_t, g_t'⟩; clipped sum by index_add.
+- timm LayerScale (γ) and TAFT's DeltaScale (Δγ of a LayerScale): Σ_t x ⊙ g.
+
+Limits: every module owning trainable parameters must have a rule (else
+`check_bk_supported` names it); each trainable module runs at most once per forward; the
+loss of example i must depend on example i only (no batch statistics).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
+from pipeline_src.dp.norm_samplers import _as_tokens, _layer_norm_types, linear_weight_sq_norm
+
+Clip = Callable[[torch.Tensor], dict[nn.Parameter, torch.Tensor]]
+# rule(module, activations, backprops) -> ({param: squared per-example norm (B,)}, clip)
+# where clip(coef (B,)) -> {param: Σ_i coef_i ∇_param ℓ_i}
+BkRule = Callable[[nn.Module, list[torch.Tensor], torch.Tensor], tuple[dict[nn.Parameter, torch.Tensor], Clip]]
+BK_RULES: dict[type, BkRule] = {}
+
+
+def register_bk_rule(*module_types: type) -> Callable[[BkRule], BkRule]:
+    """Register `fn` as the book-keeping rule of the exact module types given.
+
+    Raises:
+        ValueError: a rule for one of the types is already registered.
+    """
+    def decorator(fn: BkRule) -> BkRule:
+        for t in module_types:
+            if t in BK_RULES:
+                raise ValueError(f"a book-keeping rule for {t.__module__}.{t.__qualname__} is already "
+                                 f"registered ({BK_RULES[t].__name__}); refusing duplicate {fn.__name__}")
+        for t in module_types:
+            BK_RULES[t] = fn
+        return fn
+    return decorator
+
+
+def _per_example_rule(per_ex: dict[nn.Parameter, torch.Tensor], norms: dict | None = None,
+                      extra: Clip | None = None) -> tuple[dict[nn.Parameter, torch.Tensor], Clip]:
+    """Rule output from small per-example gradients {param: (B, *param.shape)}: norms and a
+    clip that contracts them with the coefficients (plus `extra` clipped terms)."""
+    norms = dict(norms or {})
+    for p, gs in per_ex.items():
+        if p not in norms:
+            norms[p] = _rows_sq(gs)
+
+    def clip(coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+        out = {p: (coef.to(gs.dtype) @ gs.reshape(gs.shape[0], -1)).view_as(p) for p, gs in per_ex.items()}
+        if extra is not None:
+            out.update(extra(coef))
+        return out
+    return norms, clip
+
+
+def _rows_sq(x: torch.Tensor) -> torch.Tensor:
+    """Squared norm of each example's slice, (B,), as one reduction (no squared copy of x)."""
+    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1).square()
+
+
+def _scale(g: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    return g * coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+
+
+@register_bk_rule(nn.Linear)
+def linear_bk(layer: nn.Linear, activations: list[torch.Tensor], backprops: torch.Tensor):
+    """nn.Linear: vector / Gram norms with a clipped GEMM, or direct per-example gradients."""
+    g = _as_tokens(backprops)
+    b, t, d_out = g.shape
+    per_ex: dict[nn.Parameter, torch.Tensor] = {}
+    norms: dict[nn.Parameter, torch.Tensor] = {}
+    extra: Clip | None = None
+    gsq = _rows_sq(g) if t == 1 else None  # vectors: ‖g_i‖² serves the weight and the bias
+    if layer.weight.requires_grad:
+        a = _as_tokens(activations[0].to(g.dtype))
+        d_in = a.shape[2]
+        if t > 1 and t * (d_in + d_out) > d_in * d_out:  # direct: (B, d_out, d_in) is smaller than a and g
+            per_ex[layer.weight] = torch.bmm(g.transpose(1, 2), a)
+        else:  # vectors (T = 1): ‖a_i‖²‖g_i‖²; tokens: Gram form
+            norms[layer.weight] = _rows_sq(a) * gsq if t == 1 else linear_weight_sq_norm(a, g, "gram")
+
+            def extra(coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+                # Σ_i c_i g_iᵀ a_i as one GEMM; the smaller operand takes the scaling copy
+                if d_out <= d_in:
+                    return {layer.weight: _scale(g, coef).reshape(-1, d_out).t().mm(a.reshape(-1, d_in))}
+                return {layer.weight: g.reshape(-1, d_out).t().mm(_scale(a, coef).reshape(-1, d_in))}
+    if layer.bias is not None and layer.bias.requires_grad:
+        per_ex[layer.bias] = g.reshape(b, d_out) if t == 1 else g.sum(1)
+        if gsq is not None:
+            norms[layer.bias] = gsq
+    return _per_example_rule(per_ex, norms, extra)
+
+
+@register_bk_rule(*_layer_norm_types())
+def layer_norm_bk(layer: nn.LayerNorm, activations: list[torch.Tensor], backprops: torch.Tensor):
+    """LayerNorm affine: per-example γ grad Σ_t g ⊙ x̂ and β grad Σ_t g, (B, *normalized_shape)."""
+    g = backprops
+    sum_dims = tuple(range(1, g.dim() - len(layer.normalized_shape)))
+    per_ex: dict[nn.Parameter, torch.Tensor] = {}
+    if layer.weight is not None and layer.weight.requires_grad:
+        xhat = F.layer_norm(activations[0].to(g.dtype), layer.normalized_shape, eps=layer.eps)
+        per_ex[layer.weight] = (g * xhat).sum(sum_dims) if sum_dims else g * xhat
+    if layer.bias is not None and layer.bias.requires_grad:
+        per_ex[layer.bias] = g.sum(sum_dims) if sum_dims else g
+    return _per_example_rule(per_ex)
+
+
+@register_bk_rule(AdditiveDelta)
+def additive_delta_bk(layer: AdditiveDelta, activations: list[torch.Tensor], backprops: torch.Tensor):
+    """AdditiveDelta: per-example grad = g summed over the broadcast dims."""
+    per_ex = {layer.delta: additive_delta_grad_sample(layer.delta, backprops)} if layer.delta.requires_grad else {}
+    return _per_example_rule(per_ex)
+
+
+@register_bk_rule(nn.Embedding)
+def embedding_bk(layer: nn.Embedding, activations: list[torch.Tensor], backprops: torch.Tensor):
+    """nn.Embedding: norms from the same-index Gram of g; clipped sum by index_add."""
+    if not layer.weight.requires_grad:
+        return _per_example_rule({})
+    idx = activations[0].reshape(activations[0].shape[0], -1)  # (B, T)
+    g = backprops.reshape(idx.shape[0], idx.shape[1], -1)  # (B, T, D)
+    if layer.padding_idx is not None:  # the padding row gets no gradient
+        g = g * (idx != layer.padding_idx).unsqueeze(-1).to(g.dtype)
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)  # (B, T, T)
+    sq = (torch.bmm(g, g.transpose(1, 2)) * same).sum((1, 2)).clamp(min=0)
+
+    def extra(coef: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+        gc = _scale(g, coef).reshape(-1, g.shape[-1])
+        return {layer.weight: torch.zeros_like(layer.weight).index_add_(0, idx.reshape(-1), gc.to(layer.weight.dtype))}
+    return _per_example_rule({}, {layer.weight: sq}, extra)
+
+
+def _scale_bk(param_name: str):
+    def rule(layer: nn.Module, activations: list[torch.Tensor], backprops: torch.Tensor):
+        p = getattr(layer, param_name)
+        if not p.requires_grad:
+            return _per_example_rule({})
+        x = activations[0].to(backprops.dtype)
+        return _per_example_rule({p: (x * backprops).reshape(x.shape[0], -1, x.shape[-1]).sum(1)})
+    rule.__name__ = f"scale_bk_{param_name}"
+    return rule
+
+
+try:  # timm's LayerScale (γ ⊙ x over the last dim)
+    from timm.layers import LayerScale as _TimmLayerScale
+    register_bk_rule(_TimmLayerScale)(_scale_bk("gamma"))
+except ImportError:  # pragma: no cover
+    _TimmLayerScale = None
+try:  # TAFT's Δγ of a LayerScale
+    from pipeline_src.taft.jvp_layers import DeltaScale as _DeltaScale
+    register_bk_rule(_DeltaScale)(_scale_bk("weight"))
+except ImportError:  # pragma: no cover
+    _DeltaScale = None
+
+
+def trainable_modules(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
+    """(path, module, own trainable parameter names) of every module owning trainable parameters."""
+    out = []
+    for name, m in model.named_modules():
+        own = [n for n, p in m.named_parameters(recurse=False) if p.requires_grad]
+        if own:
+            out.append((name, m, own))
+    return out
+
+
+def check_bk_supported(model: nn.Module) -> None:
+    """Raise if a module owning trainable parameters has no book-keeping rule.
+
+    Raises:
+        NotImplementedError: naming the module type, its path and its trainable parameters.
+    """
+    for name, m, own in trainable_modules(model):
+        if type(m) not in BK_RULES:
+            raise NotImplementedError(
+                f"book-keeping clipping: no rule for module type {type(m).__module__}.{type(m).__qualname__} "
+                f"(module '{name or '<root>'}', trainable parameters {own}); freeze it, hold the parameter in a "
+                f"supported module ({', '.join(sorted(t.__qualname__ for t in BK_RULES))}), register one with "
+                f"register_bk_rule, or use mode='ghost'/'hooks'")
+        if _TimmLayerScale is not None and type(m) is _TimmLayerScale and m.inplace:
+            raise NotImplementedError(f"book-keeping clipping: LayerScale '{name}' is in-place (inplace=True), "
+                                      f"which overwrites the input its gradient needs")
+        if type(m) is nn.Embedding and (m.scale_grad_by_freq or m.sparse or m.max_norm is not None):
+            raise NotImplementedError(f"book-keeping clipping: nn.Embedding '{name}' with scale_grad_by_freq, sparse "
+                                      f"or max_norm is not supported")
+
+
+class _Record:
+    """One trainable layer's call: its inputs, and (after the backward) its norms and clip."""
+    __slots__ = ("module", "activations", "norms", "clip", "batch")
+
+    def __init__(self, module: nn.Module, activations: list) -> None:
+        self.module, self.activations = module, activations
+        self.norms: dict[nn.Parameter, torch.Tensor] | None = None
+        self.clip: Clip | None = None
+        self.batch: int | None = None
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a trainable layer's output y; its backward applies the layer's rule to
+    ∂L/∂y as soon as the engine has it, so output gradients that the clip does not need
+    (LayerNorm, biases, direct-form Linear) are freed at once. `anchor` connects every tap to
+    the one tensor the backward is taken to."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, anchor: torch.Tensor, record: _Record) -> torch.Tensor:
+        ctx.record, ctx.anchor_like = record, (anchor.dtype, anchor.device)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        rec = ctx.record
+        rec.batch = gy.shape[0]
+        rec.norms, rec.clip = BK_RULES[type(rec.module)](rec.module, rec.activations, gy)
+        rec.activations = None  # the clip closure keeps what it needs
+        dtype, device = ctx.anchor_like
+        return gy, torch.zeros((), dtype=dtype, device=device), None
+
+
+class BookKeepingModule(nn.Module):
+    """Wraps a model for single-backward DP clipping: `forward` runs it with the trainable
+    parameters detached and taps each trainable layer's output; `clipped_backward(losses)`
+    takes one backward to the taps, where each layer's rule turns (a, g) into per-example
+    squared norms, and then adds Σ_i c_i ∇ℓ_i to each trainable `p.grad`.
+
+    Args:
+        module: the model; the trainable set is fixed here (its requires_grad flags).
+        max_grad_norm: clipping bound C.
+    Attributes (after `clipped_backward`):
+        per_sample_gradient_norms: ‖∇ℓ_i‖ over all trainable parameters, (B,).
+        clipping_coef: c_i = min(1, C / (‖∇ℓ_i‖ + 1e-6)), (B,).
+    Note: a tapped output is a view; modifying it in place inside the model is refused by autograd.
+    """
+
+    def __init__(self, module: nn.Module, *, max_grad_norm: float) -> None:
+        super().__init__()
+        if max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
+        check_bk_supported(module)
+        self._module = module
+        self.max_grad_norm = float(max_grad_norm)
+        self._layers = trainable_modules(module)
+        self.trainable_parameters = [getattr(m, n) for _, m, own in self._layers for n in own]
+        if not self.trainable_parameters:
+            raise ValueError("book-keeping clipping: the model has no trainable parameter")
+        self._names = {id(m): name or "<root>" for name, m, _ in self._layers}
+        self._n_own = {id(m): len(own) for _, m, own in self._layers}
+        self._records: list[_Record] = []
+        self._seen: set[int] = set()
+        self._anchor: torch.Tensor | None = None
+        self._active = False
+        self._handles = [m.register_forward_hook(self._capture) for _, m, _ in self._layers]
+        self.per_sample_gradient_norms: torch.Tensor | None = None
+        self.clipping_coef: torch.Tensor | None = None
+
+    def _capture(self, module: nn.Module, inputs: tuple, output):
+        if not self._active:
+            return None
+        if id(module) in self._seen:
+            raise RuntimeError(f"book-keeping clipping: trainable module '{self._names[id(module)]}' "
+                               f"({type(module).__qualname__}) ran twice in one forward (parameter tying is not "
+                               f"supported)")
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"book-keeping clipping: trainable module '{self._names[id(module)]}' returned "
+                            f"{type(output).__qualname__}, expected one tensor")
+        if self._anchor is None:
+            self._anchor = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
+        rec = _Record(module, [x.detach() if isinstance(x, torch.Tensor) else x for x in inputs])
+        self._records.append(rec)
+        self._seen.add(id(module))
+        return _Tap.apply(output, self._anchor, rec)
+
+    def forward(self, *args, **kwargs):
+        if not (self.training and torch.is_grad_enabled()):
+            return self._module(*args, **kwargs)
+        live = [p for p in self.trainable_parameters if p.requires_grad]
+        if len(live) != len(self.trainable_parameters):
+            raise RuntimeError("book-keeping clipping: trainable parameters were frozen since wrapping; re-wrap")
+        self._records, self._anchor, self._seen = [], None, set()
+        for p in live:  # autograd will not form parameter gradients: BK builds the clipped sum itself
+            p.requires_grad_(False)
+        self._active = True
+        try:
+            return self._module(*args, **kwargs)
+        finally:
+            self._active = False
+            for p in live:
+                p.requires_grad_(True)
+
+    def clipped_backward(self, losses: torch.Tensor) -> None:
+        """One backward of Σ_i ℓ_i to the tapped layer outputs (norms computed on the way);
+        the clipped sums Σ_i c_i ∇ℓ_i added to each trainable `p.grad` (trainable parameters the
+        forward never reached get zeros).
+
+        Args:
+            losses: per-example losses of the last forward, (B,).
+        """
+        records, anchor = self._records, self._anchor
+        self._records, self._anchor = [], None
+        if not records:
+            raise RuntimeError("book-keeping clipping: no trainable layer ran in training mode since the last "
+                               "backward; call the wrapped module's forward first")
+        if losses.dim() != 1:
+            raise ValueError(f"book-keeping clipping needs per-example losses of shape (B,), got {tuple(losses.shape)}")
+        if not losses.requires_grad:
+            raise ValueError("book-keeping clipping: the losses do not depend on any trainable parameter")
+        b = losses.shape[0]
+        torch.autograd.backward(losses.sum(), inputs=[anchor])
+        sq = torch.zeros(b, dtype=losses.dtype, device=losses.device)
+        for rec in records:
+            if rec.norms is None:  # the loss does not depend on this layer: zero gradient
+                continue
+            if rec.batch != b:
+                raise ValueError(f"book-keeping clipping: module '{self._names[id(rec.module)]}' output has batch "
+                                 f"{rec.batch}, losses have {b} (inputs must be batch first)")
+            if len(rec.norms) != self._n_own[id(rec.module)]:
+                raise RuntimeError(f"book-keeping clipping: the rule {BK_RULES[type(rec.module)].__name__} of module "
+                                   f"'{self._names[id(rec.module)]}' covered {len(rec.norms)} of its "
+                                   f"{self._n_own[id(rec.module)]} trainable parameters")
+            for s in rec.norms.values():
+                sq = sq + s.to(sq.dtype)
+            rec.norms = None
+        norm = sq.clamp(min=0).sqrt()
+        coef = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+        self.per_sample_gradient_norms, self.clipping_coef = norm, coef
+        done = set()
+        for rec in records:
+            if rec.clip is None:
+                continue
+            for p, gsum in rec.clip(coef).items():
+                if p.grad is None:
+                    p.grad = gsum.to(p.dtype)
+                else:  # e.g. zeroed (not None) by the optimizer's zero_grad
+                    p.grad.add_(gsum.to(p.dtype))
+                done.add(p)
+            rec.clip = None
+        for p in self.trainable_parameters:
+            if p not in done and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def cleanup(self) -> None:
+        """Remove the hooks; the wrapped model is left as it was."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._records, self._anchor = [], None
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_module":
+                raise
+            return getattr(self._module, name)
