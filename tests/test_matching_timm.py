@@ -161,3 +161,45 @@ def test_unsupported_raise():
     sd_nb = make_vit(6, 4, False).state_dict()
     with pytest.raises(ValueError, match="qkv.bias"):
         match_to_anchor(sd, sd_nb, num_heads=4)
+
+
+def test_wide_ffn_sparse_path_recovers_and_threads_agree(monkeypatch):
+    """hidden 512 with DENSE_BELOW lowered: the FFN goes through the certified sparse assignment."""
+    from functools import partial
+
+    from pipeline_src.matching import match_models, sparse_assignment
+    from pipeline_src.matching.ffn_permutation import ffn_permutation
+
+    monkeypatch.setattr(sparse_assignment, "DENSE_BELOW", 256)
+
+    a = make_vit(40, 4, True, mlp_ratio=16.0)
+    sd_a = a.state_dict()
+    assert sd_a["blocks.0.mlp.fc1.weight"].shape[0] == 512
+    sd_b = transform_known(sd_a, 4, seed=8)
+    matched = match_to_anchor(sd_a, sd_b, num_heads=4)
+    for k in sd_a:
+        assert_close_rel(matched[k], sd_a[k])
+    sd_c = make_vit(41, 4, True, mlp_ratio=16.0).state_dict()
+    serial, threaded = (match_to_anchor(sd_a, sd_c, num_heads=4, workers=w) for w in (1, 3))
+    for k in serial:
+        assert torch.equal(serial[k], threaded[k]), k
+    monkeypatch.setattr(match_models, "ffn_permutation", partial(ffn_permutation, candidates=None))  # scipy dense
+    dense = match_to_anchor(sd_a, sd_c, num_heads=4, workers=1)
+    for k in serial:
+        assert torch.equal(serial[k], dense[k]), k
+
+
+@pytest.mark.parametrize("rotation,scaling,head_permutation", [(True, True, False), (False, True, True)])
+def test_attention_layers_batched_equals_per_layer(rotation, scaling, head_permutation):
+    from pipeline_src.matching.attention_rotation import match_attention_heads, match_attention_layers
+    from pipeline_src.matching.match_models import _attention
+
+    sd_a, sd_b = make_vit(50, 4, True).state_dict(), make_vit(51, 4, True).state_dict()
+    bases = [f"blocks.{i}." for i in range(DEPTH)]
+    opts = dict(rotation=rotation, scaling=scaling, head_permutation=head_permutation)
+    batched = match_attention_layers([_attention(sd_a, b) for b in bases], [_attention(sd_b, b) for b in bases], 4,
+                                     **opts)
+    for base, got in zip(bases, batched):
+        ref = match_attention_heads(_attention(sd_a, base), _attention(sd_b, base), 4, **opts)
+        for f in ("q", "k", "v", "o", "bq", "bk", "bv"):
+            torch.testing.assert_close(getattr(got, f), getattr(ref, f), rtol=1e-12, atol=1e-12)

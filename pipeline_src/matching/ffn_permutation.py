@@ -7,11 +7,14 @@ Symmetry of Transformers: The Role of Rotation for Model Fusion", ICML 2025.
 Hidden unit j of the model is the triple (fc1 row j, fc1 bias j, fc2 column j); any
 permutation of the triples leaves fc2(act(fc1(x))) unchanged for an element-wise act.
 The permutation maximising Σ_i ⟨unit_i(anchor), unit_σ(i)(model)⟩ minimises the distance.
+It is found exactly by `sparse_assignment` (a certified sparse solve, ~3x faster than scipy's
+dense Hungarian at ViT-B width) or, with `candidates=None`, by scipy's dense solver.
 """
 from __future__ import annotations
 
 import torch
-from scipy.optimize import linear_sum_assignment
+
+from pipeline_src.matching.sparse_assignment import CANDIDATES, dense_assignment, sparse_assignment
 
 
 def ffn_similarity(fc1_w1: torch.Tensor, fc1_b1: torch.Tensor | None, fc2_w1: torch.Tensor,
@@ -33,10 +36,15 @@ def ffn_similarity(fc1_w1: torch.Tensor, fc1_b1: torch.Tensor | None, fc2_w1: to
     return sim
 
 
-def ffn_permutation(sim: torch.Tensor) -> torch.Tensor:
-    """Permutation perm (hidden,) maximising Σ_i sim[i, perm[i]]: new unit i is old unit perm[i]."""
-    rows, cols = linear_sum_assignment(sim.detach().double().cpu().numpy(), maximize=True)
-    assert (rows == range(len(rows))).all()
+def ffn_permutation(sim: torch.Tensor, candidates: int | None = CANDIDATES) -> torch.Tensor:
+    """Permutation perm (hidden,) maximising Σ_i sim[i, perm[i]]: new unit i is old unit perm[i].
+
+    Args:
+        sim: (hidden, hidden) similarity from `ffn_similarity`.
+        candidates: per-row candidates of `sparse_assignment`; None = scipy's dense solver.
+            Both return an optimum of the full problem (the same one unless there are ties).
+    """
+    cols = dense_assignment(sim) if candidates is None else sparse_assignment(sim, k=candidates)
     return torch.as_tensor(cols, dtype=torch.long, device=sim.device)
 
 

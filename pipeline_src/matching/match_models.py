@@ -21,7 +21,7 @@ from typing import Iterable
 
 import torch
 
-from pipeline_src.matching.attention_rotation import HeadWeights, match_attention_heads
+from pipeline_src.matching.attention_rotation import HeadWeights, match_attention_layers
 from pipeline_src.matching.ffn_permutation import ffn_permutation, ffn_similarity, permute_ffn
 
 _ATTN_KEYS = {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"}
@@ -50,13 +50,19 @@ def _attention(sd: dict, base: str) -> HeadWeights:
     return HeadWeights(q=q, k=k, v=v, o=sd[f"{base}attn.proj.weight"], bq=bq, bk=bk, bv=bv)
 
 
-def _match_ffn(anchor_sd: dict, model_sd: dict, base: str) -> dict:
-    """Permuted fc1 weight/bias and fc2 weight of one block, keyed by state-dict name."""
-    a1, a2 = (sd[f"{base}mlp.fc1.weight"] for sd in (anchor_sd, model_sd))
-    b1, b2 = (sd.get(f"{base}mlp.fc1.bias") for sd in (anchor_sd, model_sd))
-    c1, c2 = (sd[f"{base}mlp.fc2.weight"] for sd in (anchor_sd, model_sd))
-    perm = ffn_permutation(ffn_similarity(a1, b1, c1, a2, b2, c2))
-    fc1_w, fc1_b, fc2_w = permute_ffn(perm, a2, b2, c2)
+def _ffn_parts(sd: dict, base: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(fc1 weight, fc1 bias or None, fc2 weight) of one block."""
+    return sd[f"{base}mlp.fc1.weight"], sd.get(f"{base}mlp.fc1.bias"), sd[f"{base}mlp.fc2.weight"]
+
+
+def _permuted_ffn(sim: torch.Tensor, model_sd: dict, base: str) -> dict:
+    """Permuted fc1 weight/bias and fc2 weight of one block, keyed by state-dict name.
+
+    Args:
+        sim: (hidden, hidden) `ffn_similarity` of the anchor's and the model's units.
+        model_sd: the model's state dict; base: the block's key prefix.
+    """
+    fc1_w, fc1_b, fc2_w = permute_ffn(ffn_permutation(sim), *_ffn_parts(model_sd, base))
     out = {f"{base}mlp.fc1.weight": fc1_w, f"{base}mlp.fc2.weight": fc2_w}
     if fc1_b is not None:
         out[f"{base}mlp.fc1.bias"] = fc1_b
@@ -92,8 +98,9 @@ def match_to_anchor(
             permutation-symmetry baseline) if False.
         head_permutation: also permute whole heads before the within-head step.
         prefix: key prefix of the VisionTransformer inside the state dict (e.g. "backbone.").
-        workers: threads for the per-block FFN assignments (scipy's Hungarian solver releases
-            the GIL, and it dominates the time: ~1-2 s per ViT-B block); default os.cpu_count().
+        workers: threads solving the per-block FFN assignments (the slowest step, ~0.3 s per
+            ViT-B block on one CPU core) while this thread computes the next block's similarity
+            and then matches the attention of all blocks; default os.cpu_count().
     """
     all_blocks = block_indices(model_sd, prefix)
     if not all_blocks:
@@ -117,18 +124,24 @@ def match_to_anchor(
         if attention and (f"{base}attn.qkv.bias" in anchor_sd) != (f"{base}attn.qkv.bias" in model_sd):
             raise ValueError(f"match_models: '{base}attn.qkv.bias' present in only one model")
     out = dict(model_sd)
+    bases = [f"{prefix}blocks.{i}." for i in chosen]
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(chosen)))
     with ThreadPoolExecutor(n_workers) as pool:
-        # The FFN assignments (the slow part) run in threads while attention is matched here.
-        ffn_jobs = [pool.submit(_match_ffn, anchor_sd, model_sd, f"{prefix}blocks.{i}.") for i in chosen] if ffn else []
-        for i in chosen if attention else []:
-            base = f"{prefix}blocks.{i}."
-            m = match_attention_heads(_attention(anchor_sd, base), _attention(model_sd, base), num_heads,
-                                      rotation=rotation, scaling=scaling, head_permutation=head_permutation)
-            out[f"{base}attn.qkv.weight"] = torch.cat([m.q, m.k, m.v], dim=0)
-            if m.bq is not None:
-                out[f"{base}attn.qkv.bias"] = torch.cat([m.bq, m.bk, m.bv], dim=0)
-            out[f"{base}attn.proj.weight"] = m.o
+        ffn_jobs = []
+        for base in bases if ffn else []:
+            if len(ffn_jobs) >= 2 * n_workers:  # bound the similarity matrices alive at once
+                ffn_jobs[-2 * n_workers].result()
+            sim = ffn_similarity(*_ffn_parts(anchor_sd, base), *_ffn_parts(model_sd, base))  # (hidden, hidden)
+            ffn_jobs.append(pool.submit(_permuted_ffn, sim, model_sd, base))
+        if attention:  # all blocks at once: one batched SVD and one scale solve
+            matched = match_attention_layers([_attention(anchor_sd, b) for b in bases],
+                                             [_attention(model_sd, b) for b in bases], num_heads,
+                                             rotation=rotation, scaling=scaling, head_permutation=head_permutation)
+            for base, m in zip(bases, matched):
+                out[f"{base}attn.qkv.weight"] = torch.cat([m.q, m.k, m.v], dim=0)
+                if m.bq is not None:
+                    out[f"{base}attn.qkv.bias"] = torch.cat([m.bq, m.bk, m.bv], dim=0)
+                out[f"{base}attn.proj.weight"] = m.o
         for job in ffn_jobs:
             out.update(job.result())
     return out

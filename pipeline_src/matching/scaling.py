@@ -41,10 +41,20 @@ def optimal_scales(x: torch.Tensor, x1: torch.Tensor, y: torch.Tensor, y1: torch
     if x.shape != x1.shape or y.shape != y1.shape or x.shape[0] != y.shape[0]:
         raise ValueError(f"scaling: shape mismatch x{tuple(x.shape)} x1{tuple(x1.shape)} "
                          f"y{tuple(y.shape)} y1{tuple(y1.shape)}")
-    xx = (x * x).sum(1).double().cpu().numpy()
-    xx1 = (x * x1).sum(1).double().cpu().numpy()
-    yy = (y * y).sum(1).double().cpu().numpy()
-    yy1 = (y * y1).sum(1).double().cpu().numpy()
+    products = torch.stack([(x * x).sum(1), (x * x1).sum(1), (y * y).sum(1), (y * y1).sum(1)])  # (4, H)
+    best = scales_from_products(*products.double().cpu().numpy())
+    return torch.as_tensor(best, dtype=x.dtype, device=x.device)
+
+
+def scales_from_products(xx: np.ndarray, xx1: np.ndarray, yy: np.ndarray, yy1: np.ndarray) -> np.ndarray:
+    """The minimiser a > 0 of eq. 12 from its four inner products, for a batch of heads.
+
+    Args:
+        xx, xx1, yy, yy1: (H,) float64 ‖X‖², ⟨X, X1⟩, ‖Y‖², ⟨Y, Y1⟩ per head.
+
+    Returns:
+        (H,) float64 factors; 1 where X or Y is all zero.
+    """
     num_heads = xx.shape[0]
     degenerate = (xx <= 0) | (yy <= 0)
     c4 = np.where(degenerate, 1.0, xx)
@@ -67,5 +77,4 @@ def optimal_scales(x: torch.Tensor, x1: torch.Tensor, y: torch.Tensor, y1: torch
         vals = _objective(cand, xx[:, None], xx1[:, None], yy[:, None], yy1[:, None])
     vals = np.where(np.isnan(vals), np.inf, vals)
     best = cand[np.arange(num_heads), vals.argmin(1)]
-    best = np.where(degenerate | ~np.isfinite(best), 1.0, best)
-    return torch.as_tensor(best, dtype=x.dtype, device=x.device)
+    return np.where(degenerate | ~np.isfinite(best), 1.0, best)
