@@ -104,7 +104,7 @@ NEW=$(mktemp)
 cat >"$NEW" <<EOF
 # Written by .ci/slurm-up.sh: a one-node cluster on $HOST, no accounting database.
 ClusterName=local
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
