@@ -4,7 +4,7 @@
 stderr (tqdm progress included) go to the rule's `log:` file, and
 `pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
 (`pipeline_src/forkserver.py`, which saves the seconds of importing torch per job) or, with
-`PIPELINE_FORKSERVER=0` or when no server can be started, in this process.
+`PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in this process.
 
 A job that declares the `gpu` resource holds that many device slots for its whole run
 (`pipeline_src/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
@@ -47,7 +47,8 @@ def run_step(step: str, smk) -> None:
     args = from_snakemake(smk)
     with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
         code = None
-        if os.environ.get("PIPELINE_FORKSERVER", "1") != "0":
+        # Not inside a Slurm job: a server started there would outlive the job's allocation.
+        if os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
             from pipeline_src.forkserver import run_in_server
 
             code = run_in_server(step, args)  # the child takes this process's environment

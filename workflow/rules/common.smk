@@ -31,6 +31,11 @@ wildcard_constraints:
     cache=r"last\d+|blocks",
 
 
+def mem_per_attempt(mb):
+    """A `mem_mb` that grows with each retry: the Slurm profile retries a job killed for memory."""
+    return lambda wildcards, attempt: mb * attempt
+
+
 def training_signature(w):
     return signature_of(w.method)
 

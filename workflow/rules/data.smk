@@ -27,7 +27,7 @@ rule pretrain:
         f"{R}/logs/pretrain/pretrain.bench.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     script:
         "../scripts/pretrain.py"

@@ -80,7 +80,7 @@ rule unlearn_drop:
     benchmark:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
     script:
         "../scripts/unlearn_drop.py"
 
@@ -102,7 +102,7 @@ rule unlearn_retrain:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
     threads: RES["train_threads"]
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/unlearn_retrain.py"
@@ -126,7 +126,7 @@ rule unlearn_paragon:
         f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
     threads: RES["train_threads"]
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/unlearn_paragon.py"

@@ -56,7 +56,7 @@ rule fusion_train:
         f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     threads: RES["train_threads"]
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/fusion_train.py"
@@ -77,7 +77,7 @@ rule fusion_match:
     benchmark:
         f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.bench.tsv"
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/fusion_match.py"
@@ -100,7 +100,7 @@ rule fuse:
     benchmark:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.bench.tsv"
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/fuse.py"

@@ -81,7 +81,7 @@ rule train_private:
         f"{R}/logs/train_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     threads: RES["train_threads"]
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/train_private.py"

@@ -10,7 +10,7 @@ rule features:
         f"{R}/logs/features/{{cache}}.bench.tsv"
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     script:
         "../scripts/features.py"
@@ -32,7 +32,7 @@ rule train:
         f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     threads: RES["train_threads"]
     resources:
-        mem_mb=RES["train_mem_mb"],
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
         "../scripts/train.py"
@@ -61,7 +61,7 @@ for _method in VECTORIZED_METHODS:
                 f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.bench.tsv"
             threads: RES["train_threads"]
             resources:
-                mem_mb=RES["train_mem_mb"],
+                mem_mb=mem_per_attempt(RES["train_mem_mb"]),
                 gpu=RES["gpu"],
             script:
                 "../scripts/train_vectorized.py"
