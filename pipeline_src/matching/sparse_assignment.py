@@ -36,7 +36,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
 CANDIDATES = 48  # per-row candidates: one round on random ViT-B weights (32 often needs two)
-DENSE_BELOW = 1024  # below this size the dense solver is as fast (and releases the GIL)
+DENSE_BELOW = 2048  # below this size the dense solver is as fast (and releases the GIL)
 CHECK_CHUNK = 1 << 22  # entries of S checked per step of the certificate (bounds temporary memory)
 
 
