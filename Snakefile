@@ -13,7 +13,7 @@ include: "workflow/rules/common.smk"
 
 rule all:
     input:
-        f"{R}/report/index.md",
+        f"{R}/report",
 
 
 include: "workflow/rules/targets.smk"

@@ -1,6 +1,7 @@
 """`snakemake --report report.html` on a finished study: Snakemake's self-contained HTML report.
 
-The `report` rule flags `accuracy.md` and `accuracy.png` with `report(..., caption=...)`; a wrong
+The `report` rule flags its output folder's tables (csv) and plots (png) with
+`report(directory(...), patterns=..., caption=...)`; a wrong
 caption path or a missing report plugin only shows when the HTML report is built, which no
 `snakemake --cores` run does. The study is the tiny `.test` config cut down to one method, with
 the fusion and forget studies off, so it runs in a minute or two: the report rule and its
@@ -55,10 +56,10 @@ def test_html_report_of_the_finished_study(study):
     log = proc.stdout + proc.stderr
     html = study / "report.html"
     assert html.stat().st_size > 10_000, log
-    assert "Adding accuracy.md" in log and "Adding accuracy.png" in log, log
+    assert "Adding accuracy.csv" in log and "Adding accuracy.png" in log, log
     text = html.read_text(errors="replace")
-    assert "accuracy.png" in text and "accuracy.md" in text
-    caption = (REPO / "workflow" / "report" / "accuracy.rst").read_text().split()
+    assert "accuracy.png" in text and "accuracy.csv" in text and "table2_composition.csv" in text
+    caption = (REPO / "workflow" / "report" / "reports.rst").read_text().split()
     assert " ".join(caption[:5]) in text  # the caption was found and rendered
     assert '"rule": "report"' in text  # runtime statistics of the report job
 

@@ -105,7 +105,7 @@ def test_changing_the_shard_count_reruns_only_its_dependants(study):
     (study / "changed.yaml").write_text(yaml.safe_dump(cfg))
     proc = snakemake(study, "-n", "--cores", "2", "--configfile", str(study / "changed.yaml"))
     outputs = " ".join(planned_outputs(proc))
-    assert "n3_s0" in outputs and "results/report/accuracy.md" in outputs
+    assert "n3_s0" in outputs and re.search(r"(^| )results/report( |$)", outputs)
     assert not re.search(r"n1_s0|n2_s0|results/prepare/|results/pretrain/", outputs), outputs
 
 

@@ -10,11 +10,12 @@ from pipeline_src.step_args import StepArgs
 
 
 def main(args: StepArgs) -> None:
-    out_dir = Path(args.output.index_md).parent
+    out_dir = Path(args.output.reports)
+    out_dir.mkdir(parents=True, exist_ok=True)
     con = connect(args.params["results_dir"])
     lines = ["# Reports", ""]
     for name, report in REPORTS.items():
         for path in report(con, out_dir):
             print(f"{name}: wrote {path}")
             lines.append(f"- {name}: [{path.name}]({path.name})")
-    write_text("\n".join(lines) + "\n", args.output.index_md)
+    write_text("\n".join(lines) + "\n", out_dir / "index.md")
