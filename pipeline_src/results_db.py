@@ -3,7 +3,7 @@
 | view | source |
 |---|---|
 | metrics | `results/metrics/**/*.parquet` (schema in `pipeline_src/metrics.py`) |
-| benchmarks | `results/benchmarks/*.parquet` (schema in `pipeline_src/benchmark_rows.py`) |
+| benchmarks | `results/benchmarks/**/*.parquet` (schema in `pipeline_src/benchmark_rows.py`) |
 | models | the JSON records beside every trained/composed model (`results/{train,compose}/**/*.json`) |
 | manifests | shard manifests `results/split/**/manifest.parquet`, with the file name |
 | samples | `results/prepare/samples.parquet` |
@@ -26,7 +26,7 @@ from pipeline_src.metrics import METRICS_SCHEMA
 
 VIEWS = {
     "metrics": ("metrics/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
-    "benchmarks": ("benchmarks/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
+    "benchmarks": ("benchmarks/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "models": ("{train,compose}/**/*.json", None),
     "manifests": ("split/**/manifest.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
     "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
