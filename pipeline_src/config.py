@@ -114,6 +114,8 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
     from pipeline_src.fusion_study import check_fusion_config  # raises ConfigError naming fusion.<key>
 
     check_fusion_config(cfg)
+    from pipeline_src.steps.last_grid import check_last_grid_config  # raises ConfigError naming last_grid.<key>
+    check_last_grid_config(cfg)
     from pipeline_src.unlearning import check_forget_section  # raises ConfigError naming forget.<key> and the id
 
     check_forget_section(cfg, check_ids=count_samples)

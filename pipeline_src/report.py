@@ -84,10 +84,11 @@ def taft_table2(con, out_dir: Path) -> list[Path]:
 
 
 def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list[Path]]]:
-    from pipeline_src import report_benchmarks, report_fusion, report_privacy, report_unlearning
+    from pipeline_src import report_benchmarks, report_fusion, report_last, report_privacy, report_unlearning
 
     reports = {"accuracy": accuracy_report, "table1": taft_table1, "table2": taft_table2}
-    for extra in (report_fusion.REPORTS, report_privacy.REPORTS, report_unlearning.REPORTS, report_benchmarks.REPORTS):
+    for extra in (report_fusion.REPORTS, report_privacy.REPORTS, report_unlearning.REPORTS, report_last.REPORTS,
+                  report_benchmarks.REPORTS):
         clash = set(reports) & set(extra)
         if clash:
             raise ValueError(f"report names registered twice: {sorted(clash)}")
