@@ -35,7 +35,7 @@ def small_config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     method = "fc" if "fc" in cfg["methods"] else next(iter(cfg["methods"]))
     cfg["methods"] = {method: cfg["methods"][method]}
-    for study in ("fusion", "privacy"):
+    for study in ("fusion", "privacy", "last_grid"):
         if isinstance(cfg.get(study), dict):
             cfg[study]["enabled"] = False
     if isinstance(cfg.get("forget", {}).get("study"), dict):

@@ -44,7 +44,8 @@ def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
 def _config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["methods"] = {k: v for k, v in cfg["methods"].items() if k in ("taft-1", "nlft-1")}
-    cfg["fusion"] = {"enabled": False}  # the fusion study names methods dropped here
+    cfg["fusion"] = {"enabled": False}  # the fusion and grid studies name methods dropped here
+    cfg["last_grid"] = {"enabled": False}
     cfg["forget"] = {"study": {"enabled": True, "methods": ["taft-1", "nlft-1"], "shards": [3],
                                "removed_shards": [1], "requests_per_point": 1, "forget_fractions": [0.01, 0.3]}}
     return cfg
