@@ -14,7 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.atomic import atomic_path, write_text  # noqa: E402
+from pipeline_src.atomic import atomic_path  # noqa: E402
+from pipeline_src.report_files import save_table as _save_table  # noqa: E402
 
 ACCURACY_SQL = """
 SELECT method, any_value(kind) AS kind, shards,
@@ -25,13 +26,6 @@ WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain' AND variant 
 GROUP BY ALL
 ORDER BY method, shards, model
 """
-
-
-def _save_table(df, out_dir: Path, stem: str, title: str) -> list[Path]:
-    md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
-    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=".4f") + "\n", md)
-    write_text(df.to_csv(index=False), csv)
-    return [md, csv]
 
 
 def accuracy_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:

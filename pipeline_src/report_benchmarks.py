@@ -22,7 +22,8 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.atomic import atomic_path, write_text  # noqa: E402
+from pipeline_src.atomic import write_text  # noqa: E402
+from pipeline_src.report_files import save_png as _save_png  # noqa: E402
 
 LATEST_SQL = """
 SELECT "case", device, sizes, time_ms_median AS time_ms, peak_mem_mb AS mem_mb, repeats
@@ -60,14 +61,6 @@ def _save(sections: list[tuple[str, pd.DataFrame]], out_dir: Path, stem: str, ti
     write_text(text, md)
     write_text(pd.concat([df for _, df in sections]).to_csv(index=False), csv)
     return [md, csv]
-
-
-def _save_png(fig, path: Path) -> Path:
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return path
 
 
 def last_table7(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:

@@ -18,7 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.atomic import atomic_path, write_text  # noqa: E402
+from pipeline_src.atomic import atomic_path  # noqa: E402
+from pipeline_src.report_files import save_table as _save_table  # noqa: E402
 from pipeline_src.fusion_study import MATCHINGS  # noqa: E402
 
 ROWS_SQL = """
@@ -36,13 +37,6 @@ def _has_fusion_rows(con: duckdb.DuckDBPyConnection) -> bool:
     if "metrics" not in tables:
         return False
     return con.sql("SELECT count(*) FROM metrics WHERE model LIKE 'fusion-%'").fetchall()[0][0] > 0
-
-
-def _save_table(df, out_dir: Path, stem: str, title: str) -> list[Path]:
-    md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
-    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=".4f") + "\n", md)
-    write_text(df.to_csv(index=False), csv)
-    return [md, csv]
 
 
 def _wide(df, index: list[str]):

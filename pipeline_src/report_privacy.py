@@ -20,7 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from pipeline_src.atomic import atomic_path, write_text  # noqa: E402
+from pipeline_src.atomic import atomic_path  # noqa: E402
+from pipeline_src.report_files import save_table as _save_table  # noqa: E402
 
 REGIME_ORDER = {"full": 0, "bitfit": 1, "layernorm": 2, "fc": 3}
 
@@ -45,13 +46,6 @@ GROUP BY ALL
 def _has_privacy_rows(con: duckdb.DuckDBPyConnection) -> bool:
     views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
     return "metrics" in views and con.sql("SELECT count(*) FROM metrics WHERE model LIKE 'dp-%'").fetchall()[0][0] > 0
-
-
-def _save_table(df, out_dir: Path, stem: str, title: str) -> list[Path]:
-    md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
-    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=".4f") + "\n", md)
-    write_text(df.to_csv(index=False), csv)
-    return [md, csv]
 
 
 def _eps_column(eps: float) -> str:

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.atomic import atomic_path  # noqa: E402
+from pipeline_src.report_files import save_png as _savefig, save_table as _save  # noqa: E402
 
 DROP_SQL = """
 SELECT method, model AS strategy, shards,
@@ -46,20 +46,6 @@ FROM points p LEFT JOIN points par
   ON par.strategy = 'paragon' AND par.method = p.method AND par.fraction = p.fraction
 ORDER BY method, strategy, shards, fraction
 """
-
-
-def _save(df, out_dir: Path, stem: str, title: str) -> list[Path]:
-    from pipeline_src.report import _save_table
-
-    return _save_table(df, out_dir, stem, title)
-
-
-def _savefig(fig, path: Path) -> Path:
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return path
 
 
 def unlearning_drop(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:

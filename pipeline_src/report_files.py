@@ -1,0 +1,25 @@
+"""How every report writes its files: a table as Markdown + CSV, a figure as PNG, atomically."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline_src.atomic import atomic_path, write_text
+
+
+def save_table(df, out_dir: Path, stem: str, title: str, floatfmt: str = ".4f") -> list[Path]:
+    """Write `<stem>.md` (titled table) and `<stem>.csv` of a DataFrame; return both paths."""
+    md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
+    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=floatfmt) + "\n", md)
+    write_text(df.to_csv(index=False), csv)
+    return [md, csv]
+
+
+def save_png(fig, path: Path) -> Path:
+    """Write a matplotlib figure as PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return path
