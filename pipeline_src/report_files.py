@@ -23,3 +23,9 @@ def save_png(fig, path: Path) -> Path:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     return path
+
+
+def has_rows(con, view: str, where: str) -> bool:
+    """Whether `view` exists (its files may not, yet) and has a row matching the SQL `where`."""
+    views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
+    return view in views and con.sql(f"SELECT count(*) FROM {view} WHERE {where}").fetchall()[0][0] > 0

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline_src.atomic import atomic_path  # noqa: E402
-from pipeline_src.report_files import save_table as _save_table  # noqa: E402
+from pipeline_src.report_files import has_rows, save_table as _save_table  # noqa: E402
 from pipeline_src.fusion_study import MATCHINGS  # noqa: E402
 
 ROWS_SQL = """
@@ -32,11 +32,7 @@ GROUP BY ALL
 """
 
 
-def _has_fusion_rows(con: duckdb.DuckDBPyConnection) -> bool:
-    tables = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
-    if "metrics" not in tables:
-        return False
-    return con.sql("SELECT count(*) FROM metrics WHERE model LIKE 'fusion-%'").fetchall()[0][0] > 0
+FUSION_ROWS = "model LIKE 'fusion-%'"  # metrics rows of this study
 
 
 def _wide(df, index: list[str]):
@@ -48,7 +44,7 @@ def _wide(df, index: list[str]):
 
 def fusion_table2(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Table 2 layout: fused-model test accuracy by fusion method (rows) and matching (columns)."""
-    if not _has_fusion_rows(con):
+    if not has_rows(con, "metrics", FUSION_ROWS):
         return []
     df = con.sql(ROWS_SQL.format(metrics="'accuracy'")).df()
     if df.empty:
@@ -62,7 +58,7 @@ def fusion_table2(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
 
 def fusion_figure3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Figure 3: mean parameter distance of shard models to the anchor after each matching kind."""
-    if not _has_fusion_rows(con):
+    if not has_rows(con, "metrics", FUSION_ROWS):
         return []
     df = con.sql(ROWS_SQL.format(metrics="'anchor_distance', 'anchor_distance_matchable'")).df()
     if df.empty:

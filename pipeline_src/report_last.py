@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.atomic import atomic_path, write_text  # noqa: E402
+from pipeline_src.report_files import has_rows, save_png, save_table  # noqa: E402
 
 POINT = ["lr", "rank", "heads", "every", "modules_per_block", "init_seed"]
 
@@ -30,13 +30,6 @@ GROUP BY ALL
 """
 
 
-def _has_grid_rows(con: duckdb.DuckDBPyConnection) -> bool:
-    views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
-    if "metrics" not in views:
-        return False
-    return con.sql("SELECT count(*) FROM metrics WHERE model = 'last-grid'").fetchall()[0][0] > 0
-
-
 def grid_rows(con: duckdb.DuckDBPyConnection):
     """One row per method, N and grid point, best (val, then test) accuracy first."""
     points = ", ".join(f"CAST(json_extract(variant, '$.{k}') AS {'DOUBLE' if k == 'lr' else 'BIGINT'}) AS {k}"
@@ -47,15 +40,13 @@ def grid_rows(con: duckdb.DuckDBPyConnection):
 
 def last_grid(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """The grid table (md + csv) and test accuracy vs lr, one line per architecture."""
-    if not _has_grid_rows(con):
+    if not has_rows(con, "metrics", "model = 'last-grid'"):
         return []
     df = grid_rows(con)
     if df.empty:
         return []
-    md, csv = out_dir / "last_grid.md", out_dir / "last_grid.csv"
     title = "LAST grid: side networks trained at once on the same features (best val accuracy first)"
-    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n", md)
-    write_text(df.to_csv(index=False), csv)
+    paths = save_table(df, out_dir, "last_grid", title, floatfmt=".4g")
     fig, ax = plt.subplots(figsize=(6.0, 4.5))
     arch = ["method", "N", "rank", "heads", "every", "modules_per_block", "init_seed"]
     for key, part in df.groupby(arch):
@@ -68,12 +59,7 @@ def last_grid(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     ax.set_ylabel("test accuracy")
     ax.set_title("LAST grid: test accuracy vs learning rate", fontsize=10)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    png = out_dir / "last_grid.png"
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    return [md, csv, png]
+    return paths + [save_png(fig, out_dir / "last_grid.png")]
 
 
 REPORTS: dict = {"last_grid": last_grid}

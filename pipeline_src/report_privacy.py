@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from pipeline_src.atomic import atomic_path  # noqa: E402
-from pipeline_src.report_files import save_table as _save_table  # noqa: E402
+from pipeline_src.report_files import has_rows, save_table as _save_table  # noqa: E402
 
 REGIME_ORDER = {"full": 0, "bitfit": 1, "layernorm": 2, "fc": 3}
 
@@ -43,9 +43,7 @@ GROUP BY ALL
 """
 
 
-def _has_privacy_rows(con: duckdb.DuckDBPyConnection) -> bool:
-    views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
-    return "metrics" in views and con.sql("SELECT count(*) FROM metrics WHERE model LIKE 'dp-%'").fetchall()[0][0] > 0
+PRIVACY_ROWS = "model LIKE 'dp-%'"  # metrics rows of this study
 
 
 def _eps_column(eps: float) -> str:
@@ -69,7 +67,7 @@ def privacy_rows(con: duckdb.DuckDBPyConnection):
 
 def privacy_table3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Table 3 layout: DP test accuracy, rows method × regime, columns ε (N = 1)."""
-    if not _has_privacy_rows(con):
+    if not has_rows(con, "metrics", PRIVACY_ROWS):
         return []
     df = privacy_rows(con)
     df = df[(df.N == 1) & (df.model == "shard")]
@@ -86,7 +84,7 @@ def privacy_table3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
 
 def privacy_composition(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """DP shard models (N > 1): mean single shard and their Δw sum (taft) or ensemble, by ε."""
-    if not _has_privacy_rows(con):
+    if not has_rows(con, "metrics", PRIVACY_ROWS):
         return []
     df = privacy_rows(con)
     df = df[df.N > 1]
@@ -100,7 +98,7 @@ def privacy_composition(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[P
 
 def privacy_plot(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Accuracy vs target ε (log scale) for N = 1, one line per method and regime."""
-    if not _has_privacy_rows(con):
+    if not has_rows(con, "metrics", PRIVACY_ROWS):
         return []
     df = privacy_rows(con)
     df = df[(df.N == 1) & (df.model == "shard")].sort_values("epsilon")

@@ -133,7 +133,7 @@ def main(args) -> None:
         data = job.store.split("target", split)
         if not data.ids:
             continue
-        _, split_feats, split_labels = _features_of(job, model, data.ids)
+        _, split_feats, split_labels = job.samples_data(model, data.ids)
         for point, member, state in zip(points, members, states):
             model.side = build_side_network(backbone, member, num_classes=num_classes).to(job.device)
             model.load_trainable_state(state)
@@ -147,18 +147,3 @@ def main(args) -> None:
             rows += metric_rows(values, context=context, device=job.device, wall_time_s=time.perf_counter() - t0)
             print(f"{point_label(point)} {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
     write_metrics(rows, args.output.metrics)  # atomic
-
-
-def _features_of(job, model, ids: list[str]):
-    """(ids, frozen 'blocks' features, labels) of any samples, from the cache when there is one."""
-    from pipeline_src.datasets import to_model_input
-    from pipeline_src.steps.features import load_rows
-    from pipeline_src.training import batched_apply
-
-    data = job.store.subset(ids)
-    if "features" in job.args.input._names:
-        features = load_rows(job.args.input.features, [job.store.row_of[i] for i in ids]).to(job.device)
-    else:
-        x = to_model_input(data.images, job.backbone_record["mean"], job.backbone_record["std"]).to(job.device)
-        features = batched_apply(model.prefix, x)
-    return ids, features, data.labels.to(job.device)

@@ -54,7 +54,10 @@ class TrainingJob:
 
     def shard_data(self, model: TunedModel, shard: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
         """(ids, frozen prefix features, labels) of one shard, from the cache when there is one."""
-        ids = shard_ids(self.manifest, shard)
+        return self.samples_data(model, shard_ids(self.manifest, shard))
+
+    def samples_data(self, model: TunedModel, ids: list[str]) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """(ids, frozen prefix features, labels) of any samples, from the cache when there is one."""
         data = self.store.subset(ids)
         if "features" in self.args.input._names:
             features = load_rows(self.args.input.features, [self.store.row_of[i] for i in ids]).to(self.device)
