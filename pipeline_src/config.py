@@ -127,6 +127,21 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
+        _check_no_empty_shard(cfg)
     from pipeline_src.privacy_config import check_privacy_config  # raises ConfigError naming privacy.<key>
 
     check_privacy_config(cfg, n_train)
+
+
+def _check_no_empty_shard(cfg: dict) -> None:
+    """Keyed-hash shards are balanced in expectation only: refuse a shard count that leaves one empty."""
+    from pipeline_src.sharding import shard_manifest
+    from pipeline_src.unlearning import samples_table, train_ids
+
+    train = train_ids(samples_table(cfg))
+    for n in cfg["shards"]:
+        for seed in cfg["seeds"]:
+            try:
+                shard_manifest(train, n, seed)
+            except ValueError as e:
+                raise ConfigError(f"config key 'shards': {e}") from None

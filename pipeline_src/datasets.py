@@ -6,8 +6,9 @@ Two sources share one code path after listing:
 
 Classes in `dataset.source_classes` form the *source* task (used to pretrain the embedded
 backbone); the remaining classes, relabelled 0..K-1 in sorted order, form the *target* task
-that every fine-tuning method trains on. Splits are stratified and seeded, so the same config
-always gives the same table.
+that every fine-tuning method trains on. Splits come from a keyed hash of each sample id (seeded,
+stratified in expectation), so the same config always gives the same table and new samples
+never move old ones.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 import torch.nn.functional as F
+
+from pipeline_src.sharding import keyed_unit
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
@@ -68,7 +71,13 @@ def _class_order(names: list[str]) -> list[str]:
 
 
 def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table:
-    """Build the samples table: task, stratified seeded split and label per sample."""
+    """Build the samples table: task, split and label per sample.
+
+    The split of a sample is a function of its own id: u = keyed_unit(id, 'split/<seed>'),
+    test if u < test_fraction, val if u < test_fraction + val_fraction, else train. So the
+    fractions hold per class in expectation, and adding or removing a sample never moves
+    another one between splits (or shards: `sharding`).
+    """
     source = {str(c) for c in dataset_cfg["source_classes"]}
     order = _class_order(samples.class_names)
     unknown = source - set(order)
@@ -78,17 +87,10 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
                  for t in ("source", "target")}
     n = len(samples.sample_ids)
     task = np.array(["source" if c in source else "target" for c in samples.class_names])
-    split = np.empty(n, dtype=object)
-    rng = np.random.default_rng(seed)
-    names = np.array(samples.class_names)
-    for c in order:
-        idx = np.flatnonzero(names == c)
-        idx = idx[rng.permutation(len(idx))]
-        n_test = int(round(len(idx) * dataset_cfg["test_fraction"]))
-        n_val = int(round(len(idx) * dataset_cfg["val_fraction"]))
-        split[idx[:n_test]] = "test"
-        split[idx[n_test:n_test + n_val]] = "val"
-        split[idx[n_test + n_val:]] = "train"
+    test_end = dataset_cfg["test_fraction"]
+    val_end = test_end + dataset_cfg["val_fraction"]
+    u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
+    split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     label = [labels_of[t][c] for t, c in zip(task, samples.class_names)]
     return pa.Table.from_pydict({
         "sample_id": samples.sample_ids,
