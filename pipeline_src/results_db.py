@@ -5,7 +5,7 @@
 | metrics | `results/metrics/**/*.parquet` (schema in `pipeline_src/metrics.py`) |
 | benchmarks | `results/benchmarks/**/*.parquet` (schema in `pipeline_src/benchmark_rows.py`) |
 | models | the JSON records beside every trained/composed model (`results/{train,compose}/**/*.json`) |
-| manifests | shard manifests `results/split/**/manifest.parquet`, with the file name |
+| manifests | shard manifests `results/split/**/shard*.parquet` (each shard's training ids), with the file name |
 | samples | `results/prepare/samples.parquet` |
 | jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
 
@@ -28,7 +28,7 @@ VIEWS = {
     "metrics": ("metrics/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "benchmarks": ("benchmarks/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "models": ("{train,compose}/**/*.json", None),
-    "manifests": ("split/**/manifest.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
+    "manifests": ("split/**/shard*.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
     "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
     "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
 }
