@@ -16,10 +16,13 @@ from pipeline_src.taft.jvp_layers import DeltaScale
 torch.set_num_threads(1)
 
 
-def ls_vit(seed: int = 0) -> VisionTransformer:
+def ls_vit(seed: int = 0, global_pool: str = "token") -> VisionTransformer:
+    """Tiny ViT with LayerScale. With 'token' pooling only the class token's row of the last
+    block reaches the loss, which would hide a wrong sum over tokens there: the tests below
+    always cover a block (or a pooling) where every token's gradient is non-zero."""
     torch.manual_seed(seed)
     return VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2,
-                             num_heads=4, init_values=0.2).double()
+                             num_heads=4, init_values=0.2, global_pool=global_pool).double()
 
 
 def data(n: int = 6, seed: int = 4):
@@ -35,8 +38,8 @@ def perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
                 p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-def taft_ls(k: int = 2) -> TangentViT:
-    model = TangentViT(ls_vit(), k).double()
+def taft_ls(k: int = 2, global_pool: str = "token") -> TangentViT:
+    model = TangentViT(ls_vit(global_pool=global_pool), k).double()
     perturb(model)  # Δ starts at 0; move off it so every gradient is generic
     return model
 
@@ -49,9 +52,9 @@ def test_registered_for_both_scale_types() -> None:
 @pytest.mark.parametrize("regime", ["full", "layernorm"])
 def test_nlft_layer_scale_norms_match_microbatches(regime: str) -> None:
     model = ls_vit()
-    apply_regime(model, regime, nlft_scope(model))
+    apply_regime(model, regime, nlft_scope(model, 2))
     if regime == "layernorm":  # LayerScale γ alone next to the LayerNorms
-        for blk in model.blocks[-1:]:
+        for blk in model.blocks:
             blk.ls1.gamma.requires_grad_(True)
             blk.ls2.gamma.requires_grad_(True)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -60,9 +63,9 @@ def test_nlft_layer_scale_norms_match_microbatches(regime: str) -> None:
     assert_norms_match(model, *data())
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_taft_delta_scale_norms_match_microbatches(k: int) -> None:
-    model = taft_ls(k)
+@pytest.mark.parametrize("k,pool", [(1, "avg"), (2, "token"), (2, "avg")])
+def test_taft_delta_scale_norms_match_microbatches(k: int, pool: str) -> None:
+    model = taft_ls(k, pool)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert sum(n.endswith(("ls1.delta.weight", "ls2.delta.weight")) for n in names) == 2 * k
     check_fast_supported(model)
@@ -111,7 +114,7 @@ def test_fast_and_bk_train_the_same_layer_scale_model() -> None:
     """train_private in 'fast' (was refused for LayerScale) and 'bk' mode: same noise seed, same model."""
     states = {}
     for mode in ("fast", "bk"):
-        model = ls_vit()
+        model = ls_vit(global_pool="avg")
         apply_regime(model, "full", nlft_scope(model))
         x, y = data(20, seed=2)
         states[mode], rec = train_private(model, x, y, loss_fn=ce, epochs=1, batch_size=10, lr=0.5, epsilon=4.0,
@@ -120,7 +123,7 @@ def test_fast_and_bk_train_the_same_layer_scale_model() -> None:
     assert any(n.endswith("ls1.gamma") for n in states["fast"])
     for n, v in states["fast"].items():
         torch.testing.assert_close(v, states["bk"][n], rtol=1e-6, atol=1e-9, msg=n)
-    assert not torch.equal(states["fast"]["blocks.1.ls1.gamma"], ls_vit().blocks[1].ls1.gamma.detach())
+    assert not torch.equal(states["fast"]["blocks.1.ls1.gamma"], ls_vit(global_pool="avg").blocks[1].ls1.gamma.detach())
 
 
 def test_in_place_layer_scale_refused() -> None:
