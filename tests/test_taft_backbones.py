@@ -181,3 +181,36 @@ def test_dp_fast_norms_match_microbatches(family: str) -> None:
     y = torch.randint(0, 5, (5,), generator=g)
     # Δβ of k_norm adds q·Δβ to a whole row of scores, which softmax ignores: exactly zero.
     assert_norms_match(model, x, y, zero_grad_suffixes=("k_norm.delta.bias",))
+
+
+def _dp_model(family: str) -> tuple[TangentViT, torch.Tensor, torch.Tensor]:
+    model = TangentViT(make(family), 2, delta_init_std=0.05).double()
+    g = torch.Generator().manual_seed(4)
+    return model, torch.randn(5, 1, 16, 16, dtype=torch.float64, generator=g), torch.randint(0, 5, (5,), generator=g)
+
+
+@pytest.mark.parametrize("family", ["deit_distilled", "clip_quickgelu", "qk_norm_reg_avg"])
+def test_dp_hooks_per_sample_grads_match_microbatches(family: str) -> None:
+    """Opacus' own hooks (the 'hooks' DP mode) on the new Δ modules."""
+    from opacus.grad_sample import GradSampleModule
+
+    from tests.test_dp_reference import ce, microbatch_grads
+
+    model, x, y = _dp_model(family)
+    ref = microbatch_grads(model, x, y)
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    try:
+        ce(gsm(x), y).sum().backward()
+        for n, p in model.named_delta_parameters():
+            torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-9, atol=1e-14, msg=n)
+    finally:
+        gsm._close()
+
+
+@pytest.mark.parametrize("family", ["deit_distilled", "clip_quickgelu", "qk_norm_reg_avg"])
+def test_dp_book_keeping_matches_microbatches(family: str) -> None:
+    """The 'bk' DP mode's existing rules (Linear, LayerNorm on (B, H, N, d_h), DeltaScale) cover the new Δ modules."""
+    from tests.test_dp_book_keeping import assert_bk_matches_reference
+
+    model, x, y = _dp_model(family)
+    assert_bk_matches_reference(model, x, y, c=1e-3, expect_clipped=True)
