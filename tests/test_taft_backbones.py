@@ -129,7 +129,8 @@ def test_distilled_reset_matches_jvp(k: int) -> None:
 
 
 @pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "vit_base_patch16_clip_quickgelu_224",
-                                  "vit_base_patch16_clip_224"])
+                                  "vit_base_patch16_clip_224", "vit_small_patch14_reg4_dinov2",
+                                  "deit3_small_patch16_224"])
 def test_registered_timm_models_match_jvp(name: str) -> None:
     """timm's registered builders (their norm, act and token options), shrunk; no download."""
     base = perturbed(timm.create_model(name, pretrained=False, **TINY))
@@ -152,6 +153,16 @@ def test_unsupported_options_are_refused_by_name(kw: dict, match: str) -> None:
     base = VisionTransformer(**{**TINY, **kw}).eval()
     with pytest.raises((TypeError, ValueError), match=match):
         TangentViT(base, 1)
+
+
+@pytest.mark.parametrize("name,match", [
+    ("vit_base_patch16_siglip_224", r"attn_pool AttentionPoolLatent.*SigLIP"),
+    ("vit_giant_patch14_dinov2", r"mlp module GluMlp.*SwiGLU"),
+    ("eva02_tiny_patch14_224", r"must be a timm VisionTransformer, got Eva"),
+])
+def test_registered_unsupported_models_refused(name: str, match: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=match):
+        TangentViT(timm.create_model(name, pretrained=False, **TINY).eval(), 1)
 
 
 def test_rms_qk_norm_refused_by_name() -> None:
