@@ -7,7 +7,7 @@ import torch
 from timm.layers import LayerScale
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.test_dp_reference import assert_norms_match, ce, microbatch_grads
+from tests.test_dp_reference import assert_norms_match, ce, fixed_coins, microbatch_grads
 from pipeline_src.dp import apply_regime, check_fast_supported, nlft_scope, train_private, wrap_fast
 from pipeline_src.dp.norm_samplers import FAST_SQ_NORM_SAMPLERS, layer_scale_sq_norms
 from pipeline_src.taft import TangentViT
@@ -111,14 +111,14 @@ def test_fast_clipped_sum_matches_microbatches() -> None:
 
 
 def test_fast_and_bk_train_the_same_layer_scale_model() -> None:
-    """train_private in 'fast' (was refused for LayerScale) and 'bk' mode: same noise seed, same model."""
+    """train_private in 'fast' (was refused for LayerScale) and 'bk' mode: same coins, same model."""
     states = {}
     for mode in ("fast", "bk"):
         model = ls_vit(global_pool="avg")
         apply_regime(model, "full", nlft_scope(model))
         x, y = data(20, seed=2)
         states[mode], rec = train_private(model, x, y, loss_fn=ce, epochs=1, batch_size=10, lr=0.5, epsilon=4.0,
-                                          delta=1e-3, max_grad_norm=0.5, seed=7, mode=mode)
+                                          delta=1e-3, max_grad_norm=0.5, mode=mode, **fixed_coins(7))
         assert rec["mode"] == mode
     assert any(n.endswith("ls1.gamma") for n in states["fast"])
     for n, v in states["fast"].items():
