@@ -150,7 +150,10 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
     if count_samples:
         from pipeline_src.datasets import count_train_samples
 
-        n_train = count_train_samples(cfg)
+        try:
+            n_train = count_train_samples(cfg)
+        except ValueError as e:  # the dataset itself: unreadable root, empty class, unknown class
+            raise ConfigError(str(e)) from None
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
