@@ -35,6 +35,7 @@ IDLE_SECONDS = 120
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
            "jsonschema", "yaml", "scipy.optimize")
 _HEADER = struct.Struct("!Q")
+_DONE = b"\x01"  # client -> server after it received the exit status; EOF without it: the client died
 
 
 def code_digest(package: Path) -> str:
@@ -90,14 +91,22 @@ def serve(path: Path) -> None:
             for pid in list(jobs):  # reap finished children; closing tells a client whose child died
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     jobs.pop(pid).close()
-            killed = 0
-            for pid in [pid for pid, conn in jobs.items() if conn in ready]:  # a client sends nothing more: EOF
-                if not _exited_within(pid, 0.5):  # not a finished job whose client just closed
-                    os.killpg(pid, signal.SIGKILL)  # its client died: stop it before a rerun starts
+            died = 0
+            for pid in [pid for pid, conn in jobs.items() if conn in ready]:
+                conn = jobs.pop(pid)
+                try:
+                    got = conn.recv(1)
+                except OSError:  # reset: the client died with the exit status unread
+                    got = b""
+                if got == _DONE:  # the client got its exit status; the child is exiting
                     os.waitpid(pid, 0)
-                    killed += 1
-                jobs.pop(pid).close()
-            if killed and not jobs:
+                else:  # EOF: the client died (Snakemake killed); stop its job before a rerun starts
+                    if not os.waitpid(pid, os.WNOHANG)[0]:
+                        os.killpg(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    died += 1
+                conn.close()
+            if died and not jobs:
                 break
             if server in ready:
                 conn, _ = server.accept()
@@ -121,15 +130,6 @@ def serve(path: Path) -> None:
     finally:
         if path.exists():
             path.unlink()
-
-
-def _exited_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _child(conn: socket.socket, request: dict) -> None:
@@ -209,9 +209,14 @@ def run_in_server(step: str, args) -> int | None:
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         try:
-            return int(_recv(sock))
+            code = int(_recv(sock))
         except ConnectionError:
             return 1  # the child died without reporting (e.g. killed for memory)
+        try:
+            sock.sendall(_DONE)
+        except OSError:
+            pass
+        return code
 
 
 if __name__ == "__main__":
