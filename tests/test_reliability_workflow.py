@@ -121,9 +121,12 @@ def test_the_fork_server_is_keyed_by_the_code(tmp_path):
     def key() -> str:
         code = "from pipeline_src.forkserver import socket_path; print(socket_path())"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONPATH": str(wf)}).stdout
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(wf)}).stdout
 
     first = key()
+    assert key() == first
+    (wf / "pipeline_src" / "__pycache__").mkdir(exist_ok=True)  # byte code is not code
+    (wf / "pipeline_src" / "__pycache__" / "x.cpython.pyc").write_bytes(b"\0")
     assert key() == first
     with (wf / "pipeline_src/steps/prepare.py").open("a") as f:
         f.write("\n# edited\n")
