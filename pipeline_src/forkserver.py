@@ -178,7 +178,9 @@ def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
             return sock
         if path.exists():
             path.unlink()  # stale socket of a dead server
+        # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
         subprocess.Popen([sys.executable, "-m", "pipeline_src.forkserver", str(path)], start_new_session=True,
+                         cwd=Path(__file__).resolve().parent.parent,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         deadline = time.monotonic() + wait_s

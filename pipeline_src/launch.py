@@ -47,7 +47,7 @@ def _check_own_code(scriptdir: str | None) -> None:
     (`workflow/rules/common.smk` puts the workflow first on PYTHONPATH, so this is a guard)."""
     if not scriptdir or not Path(scriptdir).is_dir():  # e.g. a remote workflow's URL
         return
-    workflow_pkg = Path(scriptdir).resolve().parents[1] / "pipeline_src"
+    workflow_pkg = Path(scriptdir).resolve().parent.parent / "pipeline_src"  # <root>/workflow/scripts
     here = Path(__file__).resolve().parent
     if workflow_pkg.is_dir() and workflow_pkg != here:
         raise SystemExit(f"job of the workflow in {workflow_pkg.parent} imported pipeline_src from {here}; "
