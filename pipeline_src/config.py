@@ -68,6 +68,31 @@ def validate_config(config: dict[str, Any], count_samples: bool = True) -> dict[
     return cfg
 
 
+def _check_external_backbone(bcfg: dict) -> None:
+    """A bad checkpoint or timm name must fail here: found in `pretrain`, it would cost the
+    previous backbone (Snakemake deletes a failed job's outputs)."""
+    from pipeline_src.backbone_check import check_torch_file, check_vit_keys, safetensors_header
+
+    if bcfg["timm_name"]:
+        import timm  # only for a timm name: the default study's parse stays free of torch
+
+        if not timm.is_model(bcfg["timm_name"]):
+            raise ConfigError(f"config key 'backbone.timm_name': '{bcfg['timm_name']}' is not a timm model "
+                              "(see timm.list_models())")
+    if bcfg["source"] != "checkpoint":
+        return
+    try:
+        if bcfg["checkpoint"].endswith(".safetensors"):
+            named = bcfg["timm_name"]  # a timm architecture has its own depth and width
+            arch = bcfg["arch"]
+            check_vit_keys(safetensors_header(bcfg["checkpoint"]), None if named else arch["depth"],
+                           None if named else arch["embed_dim"])
+        else:
+            check_torch_file(bcfg["checkpoint"])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"config key 'backbone.checkpoint': {bcfg['checkpoint']}: {e}") from None
+
+
 def _check_semantics(cfg: dict, count_samples: bool) -> None:
     depth = cfg["backbone"]["arch"]["depth"]
     if cfg["backbone"]["source"] == "pretrain":
@@ -87,6 +112,8 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
             raise ConfigError("config key 'backbone.checkpoint': required when backbone.source is 'checkpoint'")
         if not Path(ckpt).is_file():
             raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
+    if cfg["backbone"]["source"] != "pretrain":
+        _check_external_backbone(cfg["backbone"])
     if cfg["dataset"]["source"] == "imagefolder":
         root = cfg["dataset"]["path"]
         if not root or not Path(root).is_dir():
@@ -123,7 +150,10 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
     if count_samples:
         from pipeline_src.datasets import count_train_samples
 
-        n_train = count_train_samples(cfg)
+        try:
+            n_train = count_train_samples(cfg)
+        except ValueError as e:  # the dataset itself: unreadable root, empty class, unknown class
+            raise ConfigError(str(e)) from None
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")

@@ -12,7 +12,8 @@ never move old ones.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,8 @@ class SampleList:
     sample_ids: list[str]
     class_names: list[str]      # per sample
     paths: list[str] | None     # per sample, for image files
+    skipped: list[str] = field(default_factory=list)       # files that are not images (by suffix)
+    empty_classes: list[str] = field(default_factory=list)  # class folders without an image
 
 
 def list_samples(dataset_cfg: dict) -> SampleList:
@@ -55,13 +58,23 @@ def list_samples(dataset_cfg: dict) -> SampleList:
     if not classes:
         raise ValueError(f"dataset.path {root}: no class folders found")
     ids, names, paths = [], [], []
+    skipped = [str(f) for f in sorted(root.iterdir()) if f.is_file()]  # beside the class folders
+    empty = []
     for c in classes:
-        for f in sorted((root / c).rglob("*")):
-            if f.suffix.lower() in IMAGE_SUFFIXES:
-                ids.append(f"{root.name}/{c}/{f.relative_to(root / c).as_posix()}")
-                names.append(c)
-                paths.append(str(f))
-    return SampleList(ids, names, paths)
+        files = [f for f in sorted((root / c).rglob("*")) if f.is_file()]
+        images = [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES]
+        skipped += [str(f) for f in files if f.suffix.lower() not in IMAGE_SUFFIXES]
+        if not images:
+            empty.append(c)
+        for f in images:
+            ids.append(f"{root.name}/{c}/{f.relative_to(root / c).as_posix()}")
+            names.append(c)
+            paths.append(str(f))
+    if empty and not dataset_cfg.get("allow_empty_classes", False):
+        # Dropping it silently would change the label count, and every label after it.
+        raise ValueError(f"config key 'dataset.path': class folders without images in {root}: {empty} "
+                         "(set dataset.allow_empty_classes: true to drop them)")
+    return SampleList(ids, names, paths, skipped, empty)
 
 
 def _class_order(names: list[str]) -> list[str]:
@@ -128,9 +141,30 @@ def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
 
 def count_train_samples(cfg: dict) -> int:
     """Number of target-task training samples the config yields (no image decoding)."""
-    table = assign_splits(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])
+    samples = list_samples(cfg["dataset"])
+    table = assign_splits(samples, cfg["dataset"], cfg["seed"])
+    print(dataset_summary(cfg["dataset"], samples, table), file=sys.stderr)  # shown at validation
     task, split = table.column("task").to_pylist(), table.column("split").to_pylist()
     return sum(t == "target" and s == "train" for t, s in zip(task, split))
+
+
+def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> str:
+    """One line: classes and images per task and split, and what listing skipped or dropped."""
+    rows = list(zip(table.column("task").to_pylist(), table.column("split").to_pylist()))
+    parts = []
+    for task in ("target", "source"):
+        n_classes = len({c for c, (t, _) in zip(samples.class_names, rows) if t == task})
+        if n_classes:
+            counts = "/".join(str(sum(r == (task, s) for r in rows)) for s in ("train", "val", "test"))
+            parts.append(f"{task} {n_classes} classes, train/val/test {counts} images")
+    line = f"dataset {dataset_cfg['source']}: {len(set(samples.class_names))} classes; " + "; ".join(parts)
+    if samples.paths is not None:
+        line += f"; {len(samples.skipped)} non-image files skipped"
+        if samples.skipped:
+            line += f" (e.g. {samples.skipped[0]})"
+    if samples.empty_classes:
+        line += f"; empty class folders dropped: {samples.empty_classes}"
+    return line
 
 
 def to_model_input(images: torch.Tensor, mean: list[float], std: list[float], dtype=torch.float32) -> torch.Tensor:

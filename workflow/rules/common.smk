@@ -1,8 +1,13 @@
 # Validation, paths and input functions shared by all rules.
 import json
+import os
 import sys
 
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
+# Jobs, the fork server and Slurm jobs inherit this: they run this workflow's package, never
+# another checkout's that an editable install of one shared virtualenv points at.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir])
 
 from pipeline_src.config import ConfigError, validate_config
 from pipeline_src.method_kinds import feature_cache
