@@ -42,7 +42,7 @@ $(LOCKENV)/bin/uv:
 	$(LOCKENV)/bin/pip install uv==$(UV_VERSION)
 
 UV_COMPILE = $(LOCKENV)/bin/uv pip compile pyproject.toml --extra test --generate-hashes \
-	--python-version $(LOCK_PYTHON) --python-platform $(LOCK_PLATFORM) --custom-compile-command "make lock" -o $(LOCK)
+	--python-version $(LOCK_PYTHON) --python-platform $(LOCK_PLATFORM) --custom-compile-command "make lock" --quiet -o $(LOCK)
 
 lock: $(LOCKENV)/bin/uv
 	$(UV_COMPILE)
