@@ -198,6 +198,18 @@ def _installed_versions() -> dict[str, str]:
     return found
 
 
+def _same_version(installed: str | None, locked: str) -> bool:
+    """Equal as PEP 440 versions ('1.0' == '1.0.0'; a local label such as '+cpu' differs)."""
+    from packaging.version import InvalidVersion, Version  # snakemake has loaded it already
+
+    if installed is None:
+        return False
+    try:
+        return Version(installed) == Version(locked)
+    except InvalidVersion:
+        return installed == locked
+
+
 def lock_drift(lock: str | Path = LOCK_FILE) -> list[tuple[str, str, str | None]]:
     """Locked packages whose installed version differs: [(name, locked, installed or None)].
 
@@ -206,7 +218,7 @@ def lock_drift(lock: str | Path = LOCK_FILE) -> list[tuple[str, str, str | None]
     """
     installed = _installed_versions()
     drift = [(name, want, installed.get(name)) for name, want in read_lock(lock).items()
-             if installed.get(name) != want]
+             if not _same_version(installed.get(name), want)]
     running = ".".join(platform.python_version_tuple()[:2])
     if running != LOCK_PYTHON:
         drift.insert(0, ("python", LOCK_PYTHON, running))

@@ -154,6 +154,14 @@ def test_drift_names_packages_whose_installed_version_differs(tmp_path):
     assert ("numpy", "1.0.0", numpy.__version__) in lock_drift(lock)
 
 
+def test_versions_compare_as_pep440_and_a_local_build_label_differs(tmp_path):
+    import numpy
+
+    v = numpy.__version__
+    assert all(n != "numpy" for n, *_ in lock_drift(_edited_lock(tmp_path, f"numpy=={v} \\", f"numpy=={v}.0 \\")))
+    assert ("numpy", f"{v}+cpu", v) in lock_drift(_edited_lock(tmp_path, f"numpy=={v} \\", f"numpy=={v}+cpu \\"))
+
+
 def test_the_warning_fires_once_on_a_mismatch(tmp_path, monkeypatch, caplog):
     import numpy
 
