@@ -11,6 +11,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 from pipeline_src.config import ConfigError, validate_config
 from pipeline_src.method_kinds import feature_cache
+from pipeline_src.environment import warn_on_lock_drift
+
+if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
+    from snakemake.logging import logger
+    warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
 
 try:
     _validated = validate_config(config)
