@@ -1,4 +1,4 @@
-"""DP training of the DAG's tuned models (`pipeline_src.methods`): each kind's trainable
+"""DP training of the DAG's tuned models (`pipeline_src.methods.registry`): each kind's trainable
 scope for the regimes, its per-example loss, and a module view that runs from cached features.
 
 DP-TAFT follows Liu & Soatto et al. 2024 ("Tangent Transformers for Composition, Privacy and
@@ -26,7 +26,7 @@ class FromPrefix(nn.Module):
     as one module Opacus can wrap (its hooks attach to the tuned model's submodules).
 
     Args:
-        tuned: a tuned model of `pipeline_src.methods` (fc/nlft `TailFineTune`, `TangentTuned`, `SideTuned`).
+        tuned: a tuned model of `pipeline_src.methods.registry` (fc/nlft `TailFineTune`, `TangentTuned`, `SideTuned`).
     """
 
     def __init__(self, tuned: nn.Module) -> None:
@@ -83,7 +83,7 @@ def per_example_loss(method_cfg: dict) -> LossFn:
     """
     if method_cfg["kind"] != "taft":
         return per_example_cross_entropy
-    from pipeline_src.methods import taft_options
+    from pipeline_src.methods.registry import taft_options
     from pipeline_src.taft.losses import get_loss
 
     o = taft_options(method_cfg)

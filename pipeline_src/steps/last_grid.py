@@ -11,19 +11,19 @@ settings, an empty list keeps the method's value, and the grid is their product.
 shard count N and seed trains every member on shard 0 of `n{N}_s{seed}` (the whole training
 split for N = 1) exactly as the `train` step trains the base method there (same features,
 batch order `shard_seed(seed, 0)`, head and init seeds), so the member with the base
-settings is that shard model (tests/test_last_grid_study.py). Every member is evaluated on
+settings is that shard model (tests/e2e/test_last_grid.py). Every member is evaluated on
 the val and test splits; one metrics file, one row per member, split and metric, `model`
 `last-grid`, `variant` the JSON of the grid point.
 
 The plan (`check_last_grid_config`, `grid_points`, `last_grid_targets`) imports no torch:
-`pipeline_src/config.py` and `workflow/rules/last_grid.smk` call it at parse time.
+`pipeline_src/plan/config.py` and `workflow/rules/last_grid.smk` call it at parse time.
 """
 from __future__ import annotations
 
 import itertools
 import json
 
-from pipeline_src.config import ConfigError
+from pipeline_src.plan.config import ConfigError
 
 MODEL = "last-grid"
 # last_grid list key -> the base method's key it replaces (and its default there).
@@ -104,10 +104,10 @@ def main(args) -> None:
 
     import torch
 
-    from pipeline_src.evaluation import classification_metrics
+    from pipeline_src.methods.evaluation import classification_metrics
     from pipeline_src.last.grid import train_side_grid
     from pipeline_src.last.train import build_side_network
-    from pipeline_src.metrics import metric_rows, write_metrics
+    from pipeline_src.store.metrics import metric_rows, write_metrics
     from pipeline_src.steps.train import load_job, shard_seed
 
     job = load_job(args)  # samples, manifest, backbone and settings exactly as the `train` step

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from pipeline_src.methods import taft_options
-from pipeline_src.step_args import StepArgs
+from pipeline_src.methods.registry import taft_options
+from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import load_job, shard_seed
 from pipeline_src.taft.train import train_tangent_vectorized
 

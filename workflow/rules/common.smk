@@ -4,8 +4,8 @@ import sys
 
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
 
-from pipeline_src.config import ConfigError, validate_config
-from pipeline_src.method_kinds import feature_cache
+from pipeline_src.plan.config import ConfigError, validate_config
+from pipeline_src.methods.kinds import feature_cache
 
 try:
     _validated = validate_config(config)

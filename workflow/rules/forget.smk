@@ -5,7 +5,7 @@
 # and the split are pure functions of the config). A forget request therefore changes the params
 # of the affected shards' manifest jobs only, and Snakemake reruns those jobs and their
 # dependants (training, composition, evaluation, report) and nothing else.
-from pipeline_src.unlearning import check_forget_section, forgotten_in_shard
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -40,7 +40,7 @@ def _fraction_tag(f):
 
 
 def _study_cache_input(w):
-    from pipeline_src.method_kinds import feature_cache
+    from pipeline_src.methods.kinds import feature_cache
 
     cache = feature_cache(config["methods"][w.method])
     if config["features"]["cache"] and cache is not None:

@@ -3,7 +3,7 @@
 # evaluated. `init` is `shared` (the study's shard models) or `random_reinit` (shard models whose
 # tuned blocks start from per-shard random inits, trained by `fusion_train`). Its metrics files are
 # appended to STUDY_METRICS, so `report` (and `all`) build them when `fusion.enabled` is true.
-from pipeline_src.fusion_study import FUSIONS, INITS, MATCHINGS, FusionConfigError, check_fusion_config, fusion_targets
+from pipeline_src.plan.fusion import FUSIONS, INITS, MATCHINGS, FusionConfigError, check_fusion_config, fusion_targets
 
 try:
     check_fusion_config(config)

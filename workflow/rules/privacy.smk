@@ -2,7 +2,7 @@
 # count x shard x seed from the cached features, DP taft shards composed by their Δw sum,
 # every DP model evaluated. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
 # so `report` (and `all`) build them; `snakemake privacy` builds them alone.
-from pipeline_src.privacy_config import epsilon_label, privacy_methods
+from pipeline_src.plan.privacy import epsilon_label, privacy_methods
 
 PRIV = config["privacy"]
 PRIVATE = f"{R}/private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"

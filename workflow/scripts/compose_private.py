@@ -1,4 +1,4 @@
-"""Snakemake script of the `compose_private` rule: see pipeline_src/steps/compose_private.py."""
-from pipeline_src.launch import run_step
+"""Snakemake script of the `compose_private` rule: see pipeline_src/steps/privacy/compose.py."""
+from pipeline_src.runner.launch import run_step
 
-run_step("compose_private", snakemake)  # noqa: F821 (injected by Snakemake)
+run_step("privacy.compose", snakemake)  # noqa: F821 (injected by Snakemake)

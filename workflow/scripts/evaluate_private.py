@@ -1,4 +1,4 @@
-"""Snakemake script of the `evaluate_private` rule: see pipeline_src/steps/evaluate_private.py."""
-from pipeline_src.launch import run_step
+"""Snakemake script of the `evaluate_private` rule: see pipeline_src/steps/privacy/evaluate.py."""
+from pipeline_src.runner.launch import run_step
 
-run_step("evaluate_private", snakemake)  # noqa: F821 (injected by Snakemake)
+run_step("privacy.evaluate", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,4 @@
-"""Snakemake script of the `forget_manifest` rule: see pipeline_src/steps/forget_manifest.py."""
-from pipeline_src.launch import run_step
+"""Snakemake script of the `forget_manifest` rule: see pipeline_src/steps/forget/manifest.py."""
+from pipeline_src.runner.launch import run_step
 
-run_step("forget_manifest", snakemake)  # noqa: F821 (injected by Snakemake)
+run_step("forget.manifest", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,4 @@
-"""Snakemake script of the `fuse` rule: see pipeline_src/steps/fuse.py."""
-from pipeline_src.launch import run_step
+"""Snakemake script of the `fuse` rule: see pipeline_src/steps/fusion/fuse.py."""
+from pipeline_src.runner.launch import run_step
 
-run_step("fuse", snakemake)  # noqa: F821 (injected by Snakemake)
+run_step("fusion.fuse", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,4 @@
-"""Snakemake script of the `unlearn_retrain` rule: see pipeline_src/steps/unlearn_retrain.py."""
-from pipeline_src.launch import run_step
+"""Snakemake script of the `unlearn_retrain` rule: see pipeline_src/steps/forget/retrain.py."""
+from pipeline_src.runner.launch import run_step
 
-run_step("unlearn_retrain", snakemake)  # noqa: F821 (injected by Snakemake)
+run_step("forget.retrain", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,0 +1,132 @@
+"""Load and validate a study config against `workflow/schemas/config.schema.yaml`.
+
+Validation runs once, at the entry point (the Snakefile), before any job starts. Errors
+name the offending key as a dotted path, e.g. `methods.nlft-1.k`.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from pipeline_src.store.provenance import PACKAGE_ROOT
+
+SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config that does not satisfy the schema or the study's semantic rules."""
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _with_defaults(validator_class):
+    """Extend a jsonschema validator so that `default:` values are filled in."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def validate_config(config: dict[str, Any], count_samples: bool = True) -> dict[str, Any]:
+    """Return a validated copy of `config` with defaults filled in.
+
+    Args:
+        config: the raw config mapping (as Snakemake or yaml.safe_load gives it).
+        count_samples: also check shard counts against the number of training samples,
+            which needs to look at the dataset (cheap: a file count, no image decoding).
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    cfg = copy.deepcopy(dict(config))
+    validator_cls = _with_defaults(jsonschema.Draft202012Validator)
+    validator = validator_cls(load_schema())
+    # Two passes: the first fills defaults (possibly nested), the second reports errors.
+    for _ in validator.iter_errors(cfg):
+        pass
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
+    _check_semantics(cfg, count_samples)
+    return cfg
+
+
+def _check_semantics(cfg: dict, count_samples: bool) -> None:
+    depth = cfg["backbone"]["arch"]["depth"]
+    if cfg["backbone"]["source"] == "pretrain":
+        if not cfg["dataset"]["source_classes"]:
+            raise ConfigError("config key 'dataset.source_classes': backbone.source 'pretrain' needs source classes to pretrain on")
+        arch = cfg["backbone"]["arch"]
+        if arch["embed_dim"] % arch["num_heads"]:
+            raise ConfigError("config key 'backbone.arch.num_heads': must divide embed_dim "
+                              f"({arch['embed_dim']} % {arch['num_heads']} != 0)")
+        if cfg["dataset"]["img_size"] % arch["patch_size"]:
+            raise ConfigError("config key 'backbone.arch.patch_size': must divide dataset.img_size")
+    if cfg["backbone"]["source"] == "timm" and not cfg["backbone"]["timm_name"]:
+        raise ConfigError("config key 'backbone.timm_name': required when backbone.source is 'timm'")
+    if cfg["backbone"]["source"] == "checkpoint":
+        ckpt = cfg["backbone"]["checkpoint"]
+        if not ckpt:
+            raise ConfigError("config key 'backbone.checkpoint': required when backbone.source is 'checkpoint'")
+        if not Path(ckpt).is_file():
+            raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
+    if cfg["dataset"]["source"] == "imagefolder":
+        root = cfg["dataset"]["path"]
+        if not root or not Path(root).is_dir():
+            raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {root}")
+    kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
+    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay"}
+    for name, method in cfg["methods"].items():
+        for key in method:
+            if key not in shared and key not in kind_keys[method["kind"]]:
+                raise ConfigError(f"config key 'methods.{name}.{key}': not an option of kind '{method['kind']}'")
+        if method["kind"] == "last":
+            for key in ("rank", "heads"):
+                if key not in method:
+                    raise ConfigError(f"config key 'methods.{name}.{key}': required for kind 'last'")
+            if method["rank"] % method["heads"]:
+                raise ConfigError(f"config key 'methods.{name}.heads': must divide rank {method['rank']}")
+            if cfg["backbone"]["source"] == "pretrain" and depth % method.get("every", 1):
+                raise ConfigError(f"config key 'methods.{name}.every': must divide backbone depth {depth}")
+        if method["kind"] in ("nlft", "taft"):
+            k = method.get("k")
+            if k is None:
+                raise ConfigError(f"config key 'methods.{name}.k': required for kind '{method['kind']}'")
+            if cfg["backbone"]["source"] == "pretrain" and k > depth:
+                raise ConfigError(f"config key 'methods.{name}.k': {k} exceeds backbone depth {depth}")
+    from pipeline_src.plan.fusion import check_fusion_config  # raises ConfigError naming fusion.<key>
+
+    check_fusion_config(cfg)
+    from pipeline_src.steps.last_grid import check_last_grid_config  # raises ConfigError naming last_grid.<key>
+    check_last_grid_config(cfg)
+    from pipeline_src.plan.forget import check_forget_section  # raises ConfigError naming forget.<key> and the id
+
+    check_forget_section(cfg, check_ids=count_samples)
+    n_train = None
+    if count_samples:
+        from pipeline_src.plan.samples import count_train_samples
+
+        n_train = count_train_samples(cfg)
+        for n in cfg["shards"]:
+            if n > n_train:
+                raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
+    from pipeline_src.plan.privacy import check_privacy_config  # raises ConfigError naming privacy.<key>
+
+    check_privacy_config(cfg, n_train)

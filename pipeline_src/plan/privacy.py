@@ -1,0 +1,101 @@
+"""The `privacy:` section of a study config: which DP jobs exist, and semantic checks that
+fail at validation time, before any job, naming the offending key.
+
+DP-SGD budgets (Abadi et al. 2016, "Deep learning with differential privacy") as in the
+TAFT paper's DP study (Liu & Soatto et al. 2024, "Tangent Transformers for Composition,
+Privacy and Removal", §3.4, Table 3). The same budget is planned again, exactly, by
+`pipeline_src.dp.budget.plan_budget` in each training job; this module only imports Opacus
+when the study is enabled.
+"""
+from __future__ import annotations
+
+DP_KINDS = ("nlft", "taft", "last")
+# Opacus' get_noise_multiplier doubles σ from 20 and gives up past MAX_SIGMA = 1e6, so the
+# largest σ it tries is 20·2^15: the target is feasible iff ε at that σ is within it.
+LARGEST_SIGMA_TRIED = 20.0 * 2 ** 15
+
+
+def _error(key: str, message: str) -> Exception:
+    from pipeline_src.plan.config import ConfigError  # lazy: config.py calls this module
+
+    return ConfigError(f"config key '{key}': {message}")
+
+
+def epsilon_label(epsilon: float) -> str:
+    """How a target ε appears in paths and wildcards (`eps{label}`): 1 → '1', 0.5 → '0.5'."""
+    return f"{float(epsilon):g}"
+
+
+def privacy_methods(cfg: dict) -> list[str]:
+    """The study's methods: `privacy.methods`, or every method of a DP kind when it is empty."""
+    names = cfg["privacy"]["methods"]
+    return list(names) if names else [n for n, m in cfg["methods"].items() if m["kind"] in DP_KINDS]
+
+
+def shard_sizes(n_train: int, shards: int) -> list[int]:
+    """The distinct shard sizes of `pipeline_src.data.sharding.shard_manifest` (they differ by at most 1)."""
+    return sorted({n_train // shards, -(-n_train // shards)})
+
+
+def check_privacy_config(cfg: dict, n_train: int | None) -> None:
+    """Semantic checks of `privacy:` (the schema has checked types and ranges).
+
+    Args:
+        cfg: the validated config, defaults filled in.
+        n_train: size of the target training split, or None when it was not counted
+            (then only the checks that do not need it run).
+    Raises:
+        ConfigError: naming the key, e.g. `privacy.methods[1]`, `privacy.delta`,
+            `privacy.epsilons[0]` (no noise multiplier reaches it in the planned steps).
+    """
+    p = cfg["privacy"]
+    for i, name in enumerate(p["methods"]):
+        if name not in cfg["methods"]:
+            raise _error(f"privacy.methods[{i}]", f"'{name}' is not a method in `methods:` ({sorted(cfg['methods'])})")
+        kind = cfg["methods"][name]["kind"]
+        if kind not in DP_KINDS:
+            raise _error(f"privacy.methods[{i}]", f"'{name}' has kind '{kind}'; DP training supports kinds {DP_KINDS}")
+    labels = [epsilon_label(e) for e in p["epsilons"]]
+    if len(set(labels)) != len(labels):
+        raise _error("privacy.epsilons", f"values {p['epsilons']} collide in paths as {labels}")
+    if not p["enabled"]:
+        return
+    if not privacy_methods(cfg):
+        raise _error("privacy.methods", f"empty, and `methods:` has no method of kind {DP_KINDS}")
+    if n_train is None:
+        return
+    if not p["delta"] < 1.0 / n_train:
+        raise _error("privacy.delta", f"{p['delta']} must be below 1/N = {1.0 / n_train:.3g} "
+                     f"(N = {n_train} training samples); otherwise releasing one sample whole meets the guarantee")
+    for j, n in enumerate(p["shards"]):
+        if n > n_train:
+            raise _error(f"privacy.shards[{j}]", f"{n} shards but only {n_train} training samples")
+        if p["batch_size"] > n_train // n:
+            raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({n_train // n} samples "
+                         f"for privacy.shards[{j}] = {n}): the Poisson sampling rate would exceed 1")
+    _check_budgets(p, n_train)
+
+
+def _check_budgets(p: dict, n_train: int) -> None:
+    """Every (ε, shard size) must be reachable by some σ within the planned steps."""
+    # Opacus directly, not pipeline_src.dp (whose import pulls in timm and the samplers): parse time matters.
+    from opacus.accountants import create_accountant
+
+    # steps per epoch as pipeline_src.dp.budget.steps_per_epoch: ceil(n / batch_size), rate 1/that
+    plans = {(-(-s // p["batch_size"]), n) for n in p["shards"] for s in shard_sizes(n_train, n)}
+    for i, eps in enumerate(p["epsilons"]):
+        for spe, n in sorted(plans):
+            steps = spe * p["epochs"]
+            try:
+                acc = create_accountant(mechanism=p["accountant"])
+                acc.history = [(LARGEST_SIGMA_TRIED, 1.0 / spe, steps)]
+                floor = float(acc.get_epsilon(delta=p["delta"]))
+            except Exception as e:  # an accountant failing at this σ cannot plan it either
+                floor, why = float("inf"), f" ({type(e).__name__}: {e})"
+            else:
+                why = ""
+            if floor > eps:
+                raise _error(f"privacy.epsilons[{i}]", f"ε = {eps} is infeasible: no noise multiplier up to "
+                             f"{LARGEST_SIGMA_TRIED:g} reaches it with δ = {p['delta']} in {steps} steps at sampling "
+                             f"rate {1.0 / spe:.4g} (privacy.shards N = {n}, {p['accountant']} accountant; "
+                             f"the least ε reachable is {floor:.3g}){why}")

@@ -1,0 +1,176 @@
+"""A fork server that removes the per-job start-up cost of local runs.
+
+Importing torch and timm takes seconds, longer than a tiny shard job's training. Locally, the
+first job starts one server process (per user, interpreter and checkout) that imports the heavy
+libraries once and then forks a fresh child for every job. The child runs the step in the job's
+working directory and environment (so a GPU assigned through `CUDA_VISIBLE_DEVICES` still
+applies) with stdout/stderr in the job's log, and reports its exit status back. `pipeline_src`
+itself is imported only in the children, so code changes apply to the next job at once.
+
+The server never starts threads or CUDA before forking, and exits after `IDLE_SECONDS`
+without jobs. Set `PIPELINE_FORKSERVER=0` to run every step in its own process (cluster jobs,
+or exact per-job resource accounting in Snakemake's `benchmark:` files).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+IDLE_SECONDS = 120
+PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
+           "jsonschema", "yaml", "scipy.optimize")
+_HEADER = struct.Struct("!Q")
+
+
+def socket_path() -> Path:
+    """One server per user, Python interpreter and checkout."""
+    key = f"{sys.executable}|{Path(__file__).resolve().parent}|{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"vitpipe-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock"
+
+
+def _send(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv(sock: socket.socket):
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("fork server closed the connection")
+            buf += chunk
+        return buf
+
+    (n,) = _HEADER.unpack(exact(_HEADER.size))
+    return pickle.loads(exact(n))
+
+
+# ----------------------------------------------------------------------------- server
+def serve(path: Path) -> None:
+    for mod in PRELOAD:
+        __import__(mod)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = path.with_suffix(f".{os.getpid()}")
+    server.bind(str(tmp))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)  # appear atomically, ready to accept
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    last = time.monotonic()
+    children: set[int] = set()
+    try:
+        while True:
+            ready, _, _ = select.select([server], [], [], 5.0)
+            for pid in list(children):  # reap finished children
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    children.discard(pid)
+            if ready:
+                conn, _ = server.accept()
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    _child(conn)  # never returns
+                conn.close()
+                children.add(pid)
+                last = time.monotonic()
+            elif not children and time.monotonic() - last > IDLE_SECONDS:
+                break
+    finally:
+        if path.exists():
+            path.unlink()
+
+
+def _child(conn: socket.socket) -> None:
+    code = 1
+    try:
+        os.setsid()
+        request = _recv(conn)
+        _send(conn, os.getpid())
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
+        from pipeline_src.runner.launch import execute
+
+        code = execute(request["step"], request["args"])
+    except BaseException:  # report anything, including SystemExit from a step
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush(), sys.stderr.flush()
+            _send(conn, code)
+        finally:
+            os._exit(code)
+
+
+# ----------------------------------------------------------------------------- client
+def _connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
+    sock = _connect(path)
+    if sock:
+        return sock
+    with open(str(path) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time
+        sock = _connect(path)
+        if sock:
+            return sock
+        if path.exists():
+            path.unlink()  # stale socket of a dead server
+        subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.forkserver", str(path)], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            sock = _connect(path)
+            if sock:
+                return sock
+            time.sleep(0.05)
+    return None
+
+
+def run_in_server(step: str, args) -> int | None:
+    """Run a step in a forked child of the server; None when no server could be reached."""
+    sock = _ensure_server(socket_path())
+    if sock is None:
+        return None
+    with sock:
+        _send(sock, {"step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": sys.path})
+        child = _recv(sock)
+
+        def forward(signum, _frame):  # Snakemake cancelling the job stops the child too
+            os.killpg(child, signum)
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        try:
+            return int(_recv(sock))
+        except ConnectionError:
+            return 1  # the child died without reporting (e.g. killed for memory)
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

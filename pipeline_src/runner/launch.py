@@ -1,0 +1,63 @@
+"""Entry point of the Snakemake `script:` files: run one step with its log captured.
+
+`workflow/scripts/<step>.py` calls `run_step("<step>", snakemake)`. The step's stdout and
+stderr (tqdm progress included) go to the rule's `log:` file, and
+`pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
+(`pipeline_src/runner/forkserver.py`, which saves the seconds of importing torch per job) or, with
+`PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in this process.
+
+A job that declares the `gpu` resource holds that many device slots for its whole run
+(`pipeline_src/runner/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
+Snakemake does not place local jobs on devices itself.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from pipeline_src.runner.gpu_slots import acquire_gpu
+from pipeline_src.runner.step_args import StepArgs, from_snakemake
+
+
+def execute(step: str, args: StepArgs) -> int:
+    """Run the step with stdout/stderr sent to its log; return the exit status."""
+    if args.log:
+        Path(args.log[0]).parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(args.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(log_fd, 1), os.dup2(log_fd, 2)
+        os.close(log_fd)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
+    try:
+        importlib.import_module(f"pipeline_src.steps.{step}").main(args)
+        return 0
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+
+
+def run_step(step: str, smk) -> None:
+    """Run `pipeline_src.steps.<step>.main` for the job described by Snakemake's object."""
+    args = from_snakemake(smk)
+    with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
+        code = None
+        # Not inside a Slurm job: a server started there would outlive the job's allocation.
+        if os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
+            from pipeline_src.runner.forkserver import run_in_server
+
+            code = run_in_server(step, args)  # the child takes this process's environment
+        if code is None:
+            console = os.dup(2)
+            code = execute(step, args)
+            os.dup2(console, 2)
+    if code:
+        # Show the reason on the console too, not only in the log.
+        tail = Path(args.log[0]).read_text().strip().splitlines()[-1:] if args.log else []
+        print(f"{step} failed: {' '.join(tail)} (log: {args.log[0] if args.log else '-'})", file=sys.stderr)
+        raise SystemExit(code)
