@@ -28,6 +28,7 @@ MODULES: dict[str, str] = {
     "privacy_config": "plan.privacy",
     "unlearning": "plan.forget",
     "datasets": "plan.samples",
+    "sharding": "plan.sharding",
     # methods/: one registry of method kinds, their per-kind facts, shared training and evaluation
     "method_kinds": "methods.kinds",
     "methods": "methods.registry",
@@ -36,9 +37,9 @@ MODULES: dict[str, str] = {
     "evaluation": "methods.evaluation",
     "composition": "methods.composition",
     "fusion_models": "methods.fusion_models",
+    "dp.tuned": "methods.private",
     # data/: sample store, sharding, backbone
     "sample_store": "data.sample_store",
-    "sharding": "data.sharding",
     "backbone": "data.backbone",
     "vit_parts": "data.vit_parts",
     # store/: what jobs write and what reads it back
@@ -90,7 +91,7 @@ TESTS: dict[str, str] = {
     "test_methods_last": "methods.test_side",
     "test_fusion_study": "methods.test_fusion_models",
     "test_backbone": "data.test_backbone",
-    "test_sharding": "data.test_sharding",
+    "test_sharding": "plan.test_sharding",
     "test_schema_versions": "store.test_schema_versions",
     "test_gpu_slots": "runner.test_gpu_slots",
     "test_report_benchmarks": "reports.test_benchmarks",
@@ -126,7 +127,7 @@ TESTS: dict[str, str] = {
 PACKAGE_DOCS = {
     "pipeline_src/plan": "Parse time, imports no torch: the validated config and each study's plan (what jobs exist).",
     "pipeline_src/methods": "Method kinds: per-kind facts (torch-free `kinds`), the registry, shared training and evaluation.",
-    "pipeline_src/data": "Job-time data: the sample store, sharding, the backbone.",
+    "pipeline_src/data": "Job-time data: the sample store, images, the backbone.",
     "pipeline_src/store": "What jobs write and what reads it back: atomic files, models, metrics, results db, audit.",
     "pipeline_src/runner": "How a Snakemake job runs a step: launch, fork server, step args, GPU slots, runtime.",
     "pipeline_src/reports": "Report tables and plots, one module per study.",

@@ -12,13 +12,17 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pipeline_src.store.provenance import PACKAGE_ROOT
+from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.forget import check_forget_section
+from pipeline_src.plan.fusion import check_fusion_config
+from pipeline_src.plan.last_grid import check_last_grid_config
+from pipeline_src.plan.privacy import check_privacy_config
+from pipeline_src.plan.samples import count_train_samples
 
+__all__ = ["ConfigError", "load_schema", "validate_config"]
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    """A config that does not satisfy the schema or the study's semantic rules."""
 
 
 def _key_path(path) -> str:
@@ -111,22 +115,14 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
                 raise ConfigError(f"config key 'methods.{name}.k': required for kind '{method['kind']}'")
             if cfg["backbone"]["source"] == "pretrain" and k > depth:
                 raise ConfigError(f"config key 'methods.{name}.k': {k} exceeds backbone depth {depth}")
-    from pipeline_src.plan.fusion import check_fusion_config  # raises ConfigError naming fusion.<key>
-
+    # Each study checks its own section and raises ConfigError naming <section>.<key>.
     check_fusion_config(cfg)
-    from pipeline_src.steps.last_grid import check_last_grid_config  # raises ConfigError naming last_grid.<key>
     check_last_grid_config(cfg)
-    from pipeline_src.plan.forget import check_forget_section  # raises ConfigError naming forget.<key> and the id
-
     check_forget_section(cfg, check_ids=count_samples)
     n_train = None
     if count_samples:
-        from pipeline_src.plan.samples import count_train_samples
-
         n_train = count_train_samples(cfg)
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
-    from pipeline_src.plan.privacy import check_privacy_config  # raises ConfigError naming privacy.<key>
-
     check_privacy_config(cfg, n_train)

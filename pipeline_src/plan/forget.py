@@ -24,6 +24,10 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.sharding import shard_manifest
+
 
 class ForgetRequestError(ValueError):
     """A forget request that cannot be applied as a whole."""
@@ -86,8 +90,6 @@ def validate_request(ids: Sequence[str], samples: pa.Table) -> list[str]:
 def _samples_of(dataset_key: str, seed: int) -> pa.Table:
     import json
 
-    from pipeline_src.plan.samples import assign_splits, list_samples
-
     dataset_cfg = json.loads(dataset_key)
     return assign_splits(list_samples(dataset_cfg), dataset_cfg, seed)
 
@@ -131,8 +133,6 @@ def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list
 
 @lru_cache(maxsize=64)
 def _forgotten_in(dataset_key: str, data_seed: int, path: str, shards: int, seed: int) -> dict[int, list[str]]:
-    from pipeline_src.data.sharding import shard_manifest
-
     samples = _samples_of(dataset_key, data_seed)
     ids = validate_request(read_request(path), samples)
     return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
@@ -169,8 +169,6 @@ def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
     Raises:
         ConfigError: naming the key (`forget.requests`, `forget.study.*`) and the offending id.
     """
-    from pipeline_src.plan.config import ConfigError
-    from pipeline_src.data.sharding import shard_manifest
 
     fg = cfg["forget"]
     study = fg["study"]
@@ -224,33 +222,3 @@ def random_shards(num_shards: int, removed: int, seed: int, request: int) -> lis
     """A reproducible random set of `removed` shards out of `num_shards` (a request hitting them)."""
     rng = np.random.default_rng([seed, request, removed, num_shards])
     return sorted(int(i) for i in rng.choice(num_shards, size=removed, replace=False))
-
-
-# ---------------------------------------------------------------- strategies without training
-def subtract_shards(composed: dict, components: dict[int, dict], weights: Sequence[float], shard_ids: Sequence[int],
-                    remove: Sequence[int]) -> tuple[dict, list[int], list[float]]:
-    """TAFT-subtract: remove shards from a composed tangent model, one at a time, renormalising.
-
-    Each step is `taft.compose.subtract_component`, so the result equals composing the kept
-    shards directly with `remaining_weights` (proportional to their original weights).
-
-    Args:
-        composed: Σ_i w_i Δ_i of the shards `shard_ids`.
-        components: Δ_j of (at least) every removed shard j.
-        weights: w_i, aligned with `shard_ids`.
-        shard_ids: the composed shards, in the order of `weights`.
-        remove: the shards to remove.
-    Returns:
-        (the new composed Δ, the kept shard ids, their weights).
-    """
-    from pipeline_src.taft.compose import remaining_weights, subtract_component
-
-    alive, w, state = list(shard_ids), [float(x) for x in weights], composed
-    for j in remove:
-        if j not in alive:
-            raise ForgetRequestError(f"subtract_shards: shard {j} is not a component of the composed model")
-        idx = alive.index(j)
-        state = subtract_component(state, components[j], w, idx)
-        w = remaining_weights(w, idx)
-        alive.pop(idx)
-    return state, alive, w

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline_src.plan.config import ConfigError
+from pipeline_src.plan.errors import ConfigError
 
 MATCHINGS = ("none", "permutation", "rotation", "rotation-scaling")
 INITS = ("shared", "random_reinit")

@@ -9,6 +9,8 @@ when the study is enabled.
 """
 from __future__ import annotations
 
+from pipeline_src.plan.errors import ConfigError
+
 DP_KINDS = ("nlft", "taft", "last")
 # Opacus' get_noise_multiplier doubles σ from 20 and gives up past MAX_SIGMA = 1e6, so the
 # largest σ it tries is 20·2^15: the target is feasible iff ε at that σ is within it.
@@ -16,8 +18,6 @@ LARGEST_SIGMA_TRIED = 20.0 * 2 ** 15
 
 
 def _error(key: str, message: str) -> Exception:
-    from pipeline_src.plan.config import ConfigError  # lazy: config.py calls this module
-
     return ConfigError(f"config key '{key}': {message}")
 
 
@@ -33,7 +33,7 @@ def privacy_methods(cfg: dict) -> list[str]:
 
 
 def shard_sizes(n_train: int, shards: int) -> list[int]:
-    """The distinct shard sizes of `pipeline_src.data.sharding.shard_manifest` (they differ by at most 1)."""
+    """The distinct shard sizes of `pipeline_src.plan.sharding.shard_manifest` (they differ by at most 1)."""
     return sorted({n_train // shards, -(-n_train // shards)})
 
 

@@ -104,7 +104,7 @@ def _child(conn: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
-        from pipeline_src.runner.launch import execute
+        from pipeline_src.runner.execute import execute
 
         code = execute(request["step"], request["args"])
     except BaseException:  # report anything, including SystemExit from a step

@@ -12,34 +12,13 @@ Snakemake does not place local jobs on devices itself.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-import traceback
 from pathlib import Path
 
+from pipeline_src.runner.execute import execute
 from pipeline_src.runner.gpu_slots import acquire_gpu
-from pipeline_src.runner.step_args import StepArgs, from_snakemake
-
-
-def execute(step: str, args: StepArgs) -> int:
-    """Run the step with stdout/stderr sent to its log; return the exit status."""
-    if args.log:
-        Path(args.log[0]).parent.mkdir(parents=True, exist_ok=True)
-        log_fd = os.open(args.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(log_fd, 1), os.dup2(log_fd, 2)
-        os.close(log_fd)
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
-    try:
-        importlib.import_module(f"pipeline_src.steps.{step}").main(args)
-        return 0
-    except Exception:
-        traceback.print_exc()
-        return 1
-    finally:
-        sys.stdout.flush(), sys.stderr.flush()
+from pipeline_src.runner.step_args import from_snakemake
 
 
 def run_step(step: str, smk) -> None:

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from pipeline_src.store.atomic import atomic_path
 from pipeline_src.data.backbone import load_backbone
-from pipeline_src.plan.samples import to_model_input
+from pipeline_src.data.images import to_model_input
 from pipeline_src.last.features import extract_features
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.data.sample_store import SampleStore

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pipeline_src.store.atomic import write_parquet
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.data.sharding import shard_manifest
+from pipeline_src.plan.sharding import shard_manifest
 from pipeline_src.runner.step_args import StepArgs
 
 

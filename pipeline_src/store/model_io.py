@@ -30,15 +30,3 @@ def load_model(weights_path: str | Path) -> tuple[dict[str, torch.Tensor], dict]
     """Load weights (safetensors: no code execution) and their record."""
     weights_path = Path(weights_path)
     return load_file(weights_path), json.loads(record_path(weights_path).read_text())
-
-
-def load_tuned_model(backbone_dir: str | Path, weights_path: str | Path):
-    """Rebuild a trained or composed model from its weights, its record and the backbone."""
-    from pipeline_src.data.backbone import load_backbone
-    from pipeline_src.methods.registry import build_tuned_model
-
-    backbone, backbone_record = load_backbone(backbone_dir)
-    state, record = load_model(weights_path)
-    model = build_tuned_model(backbone, record["method_config"], record["num_classes"], record["head_seed"])
-    model.load_trainable_state(state)
-    return model, record, backbone_record

@@ -3,7 +3,7 @@
 # `last` method) at once on shard 0's cached 'blocks' features and evaluates each on val and test.
 # Its metrics files are appended to STUDY_METRICS, so `report` (and `all`) build them when
 # `last_grid.enabled` is true. Checked at validation (pipeline_src/plan/config.py).
-from pipeline_src.steps.last_grid import grid_points, last_grid_targets
+from pipeline_src.plan.last_grid import grid_points, last_grid_targets
 
 
 def last_grid_inputs(w):

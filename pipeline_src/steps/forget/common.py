@@ -16,7 +16,7 @@ import torch
 
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.methods.composition import average_states
-from pipeline_src.plan.samples import to_model_input
+from pipeline_src.data.images import to_model_input
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.registry import build_tuned_model, get_method
 from pipeline_src.store.metrics import metric_rows

@@ -19,7 +19,8 @@ from pipeline_src.store.model_io import load_model, save_model
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.forget.common import TestSet, load_context, study_rows
-from pipeline_src.plan.forget import random_shards, subtract_shards
+from pipeline_src.methods.composition import subtract_shards
+from pipeline_src.plan.forget import random_shards
 
 
 def main(args: StepArgs) -> None:
