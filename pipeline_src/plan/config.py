@@ -6,12 +6,14 @@ name the offending key as a dotted path, e.g. `methods.nlft-1.k`.
 from __future__ import annotations
 
 import copy
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.forget import check_forget_section
 from pipeline_src.plan.fusion import check_fusion_config
@@ -47,13 +49,16 @@ def load_schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
-def validate_config(config: dict[str, Any], count_samples: bool = True) -> dict[str, Any]:
+def validate_config(config: dict[str, Any], count_samples: bool = True,
+                    cache_dir: str | Path | None = None) -> dict[str, Any]:
     """Return a validated copy of `config` with defaults filled in.
 
     Args:
         config: the raw config mapping (as Snakemake or yaml.safe_load gives it).
         count_samples: also check shard counts against the number of training samples,
             which needs to look at the dataset (cheap: a file count, no image decoding).
+        cache_dir: where to keep what these checks derive from the data (`plan/cache.py`;
+            the Snakefile uses `results/prepare/.plan_cache`), or None to recompute it.
 
     Raises:
         ConfigError: naming the first offending key.
@@ -68,11 +73,11 @@ def validate_config(config: dict[str, Any], count_samples: bool = True) -> dict[
     if errors:
         err = errors[0]
         raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
-    _check_semantics(cfg, count_samples)
+    _check_semantics(cfg, count_samples, cache_dir)
     return cfg
 
 
-def _check_semantics(cfg: dict, count_samples: bool) -> None:
+def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | None) -> None:
     depth = cfg["backbone"]["arch"]["depth"]
     if cfg["backbone"]["source"] == "pretrain":
         if not cfg["dataset"]["source_classes"]:
@@ -121,8 +126,20 @@ def _check_semantics(cfg: dict, count_samples: bool) -> None:
     check_forget_section(cfg, check_ids=count_samples)
     n_train = None
     if count_samples:
-        n_train = count_train_samples(cfg)
+        n_train = _train_count(cfg, cache_dir)
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
-    check_privacy_config(cfg, n_train)
+    check_privacy_config(cfg, n_train, cache_dir)
+
+
+def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:
+    """`count_train_samples`, cached for `digits` (a fixed dataset per scikit-learn version;
+    loading it imports sklearn, seconds per dry run). An ImageFolder is listed every time."""
+    if cfg["dataset"]["source"] != "digits":
+        return count_train_samples(cfg)
+    from pipeline_src.plan import samples
+
+    key = {"dataset": cfg["dataset"], "seed": cfg["seed"], "sklearn": package_version("scikit-learn"),
+           "code": hashlib.sha256(Path(samples.__file__).read_bytes()).hexdigest()}
+    return cached(cache_dir, "train_count", key, lambda: count_train_samples(cfg))

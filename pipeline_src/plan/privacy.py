@@ -9,6 +9,10 @@ when the study is enabled.
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 
 DP_KINDS = ("nlft", "taft", "last")
@@ -37,13 +41,15 @@ def shard_sizes(n_train: int, shards: int) -> list[int]:
     return sorted({n_train // shards, -(-n_train // shards)})
 
 
-def check_privacy_config(cfg: dict, n_train: int | None) -> None:
+def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path | None = None) -> None:
     """Semantic checks of `privacy:` (the schema has checked types and ranges).
 
     Args:
         cfg: the validated config, defaults filled in.
         n_train: size of the target training split, or None when it was not counted
             (then only the checks that do not need it run).
+        cache_dir: where a passed budget check is remembered (`plan/cache.py`: the
+            accountant costs seconds per dry run), or None.
     Raises:
         ConfigError: naming the key, e.g. `privacy.methods[1]`, `privacy.delta`,
             `privacy.epsilons[0]` (no noise multiplier reaches it in the planned steps).
@@ -73,7 +79,9 @@ def check_privacy_config(cfg: dict, n_train: int | None) -> None:
         if p["batch_size"] > n_train // n:
             raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({n_train // n} samples "
                          f"for privacy.shards[{j}] = {n}): the Poisson sampling rate would exceed 1")
-    _check_budgets(p, n_train)
+    key = {"privacy": p, "n_train": n_train, "opacus": package_version("opacus"),
+           "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, n_train) or "feasible")
 
 
 def _check_budgets(p: dict, n_train: int) -> None:

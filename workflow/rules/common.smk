@@ -8,7 +8,7 @@ from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache
 
 try:
-    _validated = validate_config(config)
+    _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()
