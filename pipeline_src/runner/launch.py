@@ -1,7 +1,7 @@
-"""Entry point of the Snakemake `script:` files: run one step with its log captured.
+"""Entry point of the Snakemake `script:` file: run one step with its log captured.
 
-`workflow/scripts/<step>.py` calls `run_step("<step>", snakemake)`. The step's stdout and
-stderr (tqdm progress included) go to the rule's `log:` file, and
+Every rule's script, `workflow/scripts/step.py`, calls `run_step(<step>, snakemake)`. The step's
+stdout and stderr (tqdm progress included) go to the rule's `log:` file, and
 `pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
 (`pipeline_src/runner/forkserver.py`, which saves the seconds of importing torch per job) or, with
 `PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in this process.

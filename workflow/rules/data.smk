@@ -9,7 +9,7 @@ rule prepare:
     benchmark:
         f"{R}/logs/prepare/prepare.bench.tsv"
     script:
-        "../scripts/prepare.py"
+        "../scripts/step.py"
 
 
 rule pretrain:
@@ -30,7 +30,7 @@ rule pretrain:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     script:
-        "../scripts/pretrain.py"
+        "../scripts/step.py"
 
 
 rule split:
@@ -43,4 +43,4 @@ rule split:
     benchmark:
         f"{R}/logs/split/n{{shards}}_s{{seed}}.bench.tsv"
     script:
-        "../scripts/split.py"
+        "../scripts/step.py"

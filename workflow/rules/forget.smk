@@ -31,7 +31,7 @@ rule forget_manifest:
     log:
         f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     script:
-        "../scripts/forget_manifest.py"
+        "../scripts/step.py"
 
 
 # ---------------------------------------------------------------- the study
@@ -82,7 +82,7 @@ rule unlearn_drop:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
     script:
-        "../scripts/unlearn_drop.py"
+        "../scripts/step.py"
 
 
 rule unlearn_retrain:
@@ -105,7 +105,7 @@ rule unlearn_retrain:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/unlearn_retrain.py"
+        "../scripts/step.py"
 
 
 rule unlearn_paragon:
@@ -129,7 +129,7 @@ rule unlearn_paragon:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/unlearn_paragon.py"
+        "../scripts/step.py"
 
 
 def unlearning_targets():

@@ -59,7 +59,7 @@ rule fusion_train:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/fusion_train.py"
+        "../scripts/step.py"
 
 
 rule fusion_match:
@@ -80,7 +80,7 @@ rule fusion_match:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/fusion_match.py"
+        "../scripts/step.py"
 
 
 rule fuse:
@@ -103,7 +103,7 @@ rule fuse:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/fuse.py"
+        "../scripts/step.py"
 
 
 FUSION_METRICS = fusion_targets(config, R)

@@ -32,7 +32,7 @@ rule last_grid:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/last_grid.py"
+        "../scripts/step.py"
 
 
 LAST_GRID_METRICS = last_grid_targets(config, R)

@@ -84,7 +84,7 @@ rule train_private:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/train_private.py"
+        "../scripts/step.py"
 
 
 rule compose_private:
@@ -98,7 +98,7 @@ rule compose_private:
     benchmark:
         f"{R}/logs/compose_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     script:
-        "../scripts/compose_private.py"
+        "../scripts/step.py"
 
 
 rule evaluate_private:
@@ -114,4 +114,4 @@ rule evaluate_private:
     benchmark:
         f"{R}/logs/evaluate_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/{{dp_model}}.bench.tsv"
     script:
-        "../scripts/evaluate_private.py"
+        "../scripts/step.py"
