@@ -261,6 +261,17 @@ def build_rewriter():
     return rewrite
 
 
+def sort_imports(files: list[Path], dry: bool) -> None:
+    """Re-sort the import blocks the rewrite changed (ruff's isort, configured in pyproject.toml)."""
+    if not files or dry:
+        return
+    try:
+        subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "I", "--fix", "--quiet", *map(str, files)],
+                       check=False)
+    except OSError:
+        print("note: ruff not found; run `ruff check --select I --fix .` to sort the rewritten imports")
+
+
 def files_in_scope() -> list[Path]:
     out = [Path(f) for f in SCOPE_FILES if Path(f).is_file()]
     for d in SCOPE:
@@ -279,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     conflicts = [c for old, new in all_moves() if (c := move(old, new, args.dry_run))]
     ensure_packages(args.dry_run)
     rewrite = build_rewriter()
+    edited = []
     for f in files_in_scope():
         try:
             text = f.read_text()
@@ -287,8 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         new = rewrite(text)
         if new != text:
             print(f"edit {f}")
+            edited.append(f)
             if not args.dry_run:
                 f.write_text(new)
+    sort_imports([f for f in edited if f.suffix == ".py"], args.dry_run)
     unmapped = sorted(p.name for p in Path("tests").glob("test_*.py"))
     if unmapped:
         print(f"note: test files with no entry in TESTS stay in tests/: {', '.join(unmapped)}")

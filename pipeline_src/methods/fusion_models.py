@@ -14,10 +14,10 @@ from timm.layers import LayerScale
 from torch import nn
 
 from pipeline_src.data.images import to_model_input
-from pipeline_src.methods.nonlinear import TailFineTune
+from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
 from pipeline_src.matching.lsa_rotation import find_lsa_prefixes
-from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import batched_apply
 
 # matching kind → (rotation, scaling) of `match_attention_heads`; `none` does not match.

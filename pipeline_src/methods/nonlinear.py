@@ -7,8 +7,8 @@ NLFT is the non-linear counterpart that TAFT is compared with in Liu & Soatto et
 from __future__ import annotations
 
 import torch
-from torch import nn
 from timm.models.vision_transformer import VisionTransformer
+from torch import nn
 
 from pipeline_src.data.vit_parts import vit_prefix, vit_tail
 

@@ -22,8 +22,8 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.store.atomic import write_text  # noqa: E402
 from pipeline_src.reports.files import save_png as _save_png  # noqa: E402
+from pipeline_src.store.atomic import write_text  # noqa: E402
 
 LATEST_SQL = """
 SELECT "case", device, sizes, time_ms_median AS time_ms, peak_mem_mb AS mem_mb, repeats

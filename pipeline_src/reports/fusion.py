@@ -18,9 +18,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.store.atomic import atomic_path  # noqa: E402
-from pipeline_src.reports.files import has_rows, save_table as _save_table  # noqa: E402
 from pipeline_src.plan.fusion import MATCHINGS  # noqa: E402
+from pipeline_src.reports.files import has_rows  # noqa: E402
+from pipeline_src.reports.files import save_table as _save_table
+from pipeline_src.store.atomic import atomic_path  # noqa: E402
 
 ROWS_SQL = """
 SELECT method, shards AS N, json_extract_string(variant, '$.init') AS init,

@@ -20,8 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
+from pipeline_src.reports.files import has_rows  # noqa: E402
+from pipeline_src.reports.files import save_table as _save_table
 from pipeline_src.store.atomic import atomic_path  # noqa: E402
-from pipeline_src.reports.files import has_rows, save_table as _save_table  # noqa: E402
 
 REGIME_ORDER = {"full": 0, "bitfit": 1, "layernorm": 2, "fc": 3}
 

@@ -14,8 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.store.atomic import atomic_path  # noqa: E402
 from pipeline_src.reports.files import save_table as _save_table  # noqa: E402
+from pipeline_src.store.atomic import atomic_path  # noqa: E402
 
 ACCURACY_SQL = """
 SELECT method, any_value(kind) AS kind, shards,

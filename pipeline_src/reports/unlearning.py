@@ -17,7 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.reports.files import save_png as _savefig, save_table as _save  # noqa: E402
+from pipeline_src.reports.files import save_png as _savefig  # noqa: E402
+from pipeline_src.reports.files import save_table as _save
 
 DROP_SQL = """
 SELECT method, model AS strategy, shards,

@@ -7,8 +7,8 @@ in Δw); the components must share one linearization point, and are refused othe
 from __future__ import annotations
 
 from pipeline_src.methods.composition import average_states
-from pipeline_src.store.model_io import load_model, save_model
 from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.model_io import load_model, save_model
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
 
 

@@ -30,11 +30,11 @@ def main(args) -> None:
 
     import torch
 
-    from pipeline_src.methods.evaluation import classification_metrics
     from pipeline_src.last.grid import train_side_grid
     from pipeline_src.last.train import build_side_network
-    from pipeline_src.store.metrics import metric_rows, write_metrics
+    from pipeline_src.methods.evaluation import classification_metrics
     from pipeline_src.steps.train import load_job, shard_seed
+    from pipeline_src.store.metrics import metric_rows, write_metrics
 
     job = load_job(args)  # samples, manifest, backbone and settings exactly as the `train` step
     cfg = args.config

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline_src.data.images import load_images
-from pipeline_src.plan.samples import assign_splits, list_samples
 from pipeline_src.data.sample_store import save_samples
+from pipeline_src.plan.samples import assign_splits, list_samples
 from pipeline_src.runner.step_args import StepArgs
 
 

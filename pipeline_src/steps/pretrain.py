@@ -12,11 +12,11 @@ from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.data.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
 from pipeline_src.data.images import to_model_input
-from pipeline_src.store.metrics import metric_rows, write_metrics
-from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.methods.training import batched_apply, fit
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
 def main(args: StepArgs) -> None:

@@ -42,7 +42,7 @@ def test_checkpoint_with_wrong_architecture_fails(tmp_path):
 def test_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"state_dict": {"x": object()}}, path)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="[Ww]eights.only"):  # torch.load(weights_only=True) refuses it
         external_backbone(checkpoint_cfg(path))
 
 

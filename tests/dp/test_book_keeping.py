@@ -8,11 +8,18 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from tests.dp.test_reference import ce, microbatch_grads, tiny_vit
-from pipeline_src.dp import (REGIMES, AdditiveDelta, BookKeepingModule, apply_regime, check_bk_supported, nlft_scope,
-                             train_private)
+from pipeline_src.dp import (
+    REGIMES,
+    AdditiveDelta,
+    BookKeepingModule,
+    apply_regime,
+    check_bk_supported,
+    nlft_scope,
+    train_private,
+)
 from pipeline_src.methods.private import FromPrefix, per_example_loss, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
+from tests.dp.test_reference import ce, microbatch_grads, tiny_vit
 
 METHODS = {
     "nlft": {"kind": "nlft", "k": 1},

@@ -6,8 +6,8 @@ import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from tests.dp.test_reference import tiny_vit
 from pipeline_src.dp import InfeasibleBudget, apply_regime, nlft_scope, plan_budget, train_private
+from tests.dp.test_reference import tiny_vit
 
 
 @pytest.mark.parametrize("accountant_name,accountant_cls", [("rdp", RDPAccountant), ("prv", PRVAccountant)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dp.test_reference import assert_norms_match, ce, tiny_vit
 from pipeline_src.dp import check_fast_supported, train_private
+from tests.dp.test_reference import assert_norms_match, ce, tiny_vit
 
 last = pytest.importorskip("pipeline_src.last.side_network")
 features_mod = pytest.importorskip("pipeline_src.last.features")

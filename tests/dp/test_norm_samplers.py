@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests.dp.test_reference import assert_norms_match, ce, tiny_vit
 from pipeline_src.dp import AdditiveDelta, apply_regime, check_fast_supported, nlft_scope, register_fast_norm_sampler
 from pipeline_src.dp.norm_samplers import FAST_SQ_NORM_SAMPLERS, attach_fast_norm_samplers, linear_weight_sq_norm
+from tests.dp.test_reference import assert_norms_match, ce, tiny_vit
 
 
 @pytest.mark.parametrize("regime", ["full", "bitfit", "layernorm", "fc"])
@@ -57,8 +57,8 @@ def test_vector_layernorm_and_linear_match_microbatches():
 def test_clipped_contributions_are_bounded_and_sum_to_grad():
     from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 
-    from tests.dp.test_reference import microbatch_grads
     from pipeline_src.dp import wrap_fast
+    from tests.dp.test_reference import microbatch_grads
 
     model = tiny_vit()
     apply_regime(model, "full", nlft_scope(model))

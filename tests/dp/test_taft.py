@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dp.test_reference import assert_norms_match, tiny_vit
 from pipeline_src.dp import check_fast_supported
+from tests.dp.test_reference import assert_norms_match, tiny_vit
 
 tangent_vit = pytest.importorskip("pipeline_src.taft.tangent_vit")
 

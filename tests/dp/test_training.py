@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dp.test_reference import ce, tiny_vit
 from pipeline_src.dp import REGIMES, apply_regime, epsilon_for, nlft_scope, train_private
+from tests.dp.test_reference import ce, tiny_vit
 
 
 def _run(mode: str, regime: str = "full"):

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from pipeline_src.plan.config import ConfigError, validate_config
+from pipeline_src.plan.last_grid import grid_points, point_label
 from pipeline_src.reports.last_grid import last_grid
 from pipeline_src.store.results_db import connect
-from pipeline_src.plan.last_grid import grid_points, point_label
 from tests.conftest import REPO
 from tests.e2e.test_workflow import planned_outputs, snakemake
 

@@ -14,11 +14,11 @@ import torch
 import yaml
 from opacus.accountants import RDPAccountant
 
+from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.reports.privacy import REPORTS
-from pipeline_src.store.results_db import connect
-from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.steps.features import load_rows
+from pipeline_src.store.results_db import connect
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,14 @@ import pytest
 import torch
 import yaml
 
-from pipeline_src.store.audit import audit_model
 from pipeline_src.data.images import to_model_input
-from pipeline_src.methods.evaluation import classification_metrics
-from pipeline_src.store.model_io import load_model
-from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.plan.sharding import shard_ids
+from pipeline_src.methods.evaluation import classification_metrics
+from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.plan.forget import forgotten_by_shard
+from pipeline_src.plan.sharding import shard_ids
+from pipeline_src.store.audit import audit_model
+from pipeline_src.store.model_io import load_model
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,8 @@ from pipeline_src.fusion import (
     fisher_merge,
     fuse,
     linear_input_grams,
-    regmean_merge,
     register,
+    regmean_merge,
 )
 from pipeline_src.matching import match_to_anchor
 

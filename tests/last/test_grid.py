@@ -7,8 +7,15 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch.func import stack_module_state
 
-from pipeline_src.last import (SideNetwork, batch_order, build_side_network, extract_feature_dict, extract_features,
-                               train_side_grid, train_side_network)
+from pipeline_src.last import (
+    SideNetwork,
+    batch_order,
+    build_side_network,
+    extract_feature_dict,
+    extract_features,
+    train_side_grid,
+    train_side_network,
+)
 from pipeline_src.last.low_rank_stream import low_rank_representation, stacked_logits
 
 

@@ -24,7 +24,7 @@ def test_matches_bounded_minimisation():
         grid = np.exp(np.linspace(np.log(1e-3), np.log(1e3), 20001))[:, None]  # (G, 1)
         dense = ((grid * args[0] - args[1]) ** 2).sum(1) + ((args[2] / grid - args[3]) ** 2).sum(1)
         g0 = float(grid[np.argmin(dense), 0])
-        ref = minimize_scalar(lambda t: objective(np.exp(t), *args), bracket=(np.log(g0) - 1e-3, np.log(g0) + 1e-3))
+        ref = minimize_scalar(lambda t, args=args: objective(np.exp(t), *args), bracket=(np.log(g0) - 1e-3, np.log(g0) + 1e-3))
         assert objective(float(a[i]), *args) <= objective(float(np.exp(ref.x)), *args) + 1e-9
         assert objective(float(a[i]), *args) <= objective(1.0, *args) + 1e-12
 

@@ -10,12 +10,18 @@ import torch
 import torch.nn.functional as F
 
 from pipeline_src.fusion import diagonal_fisher
-from pipeline_src.methods.fusion_models import (
-    FromPrefix, chosen_blocks, logits_from, match_state, matchable_keys, num_heads_of, reinit_tail_blocks,
-)
-from pipeline_src.plan.fusion import FusionConfigError, check_fusion_config, fusion_targets
 from pipeline_src.matching import parameter_distance
+from pipeline_src.methods.fusion_models import (
+    FromPrefix,
+    chosen_blocks,
+    logits_from,
+    match_state,
+    matchable_keys,
+    num_heads_of,
+    reinit_tail_blocks,
+)
 from pipeline_src.methods.registry import build_tuned_model
+from pipeline_src.plan.fusion import FusionConfigError, check_fusion_config, fusion_targets
 from pipeline_src.steps.fusion.fuse import fuse_states
 from pipeline_src.steps.fusion.train import reinit_method_config
 from tests.conftest import tiny_vit
@@ -110,7 +116,7 @@ def test_fisher_through_the_prefix_view_equals_one_example_at_a_time(kind):
     ref = {n: torch.zeros_like(p) for n, p in params.items()}
     for i in range(4):
         loss = F.log_softmax(model.forward_from_prefix(h[i:i + 1]), -1)[0, y[i]]
-        for (n, p), g in zip(params.items(), torch.autograd.grad(loss, list(params.values()))):
+        for (n, _), g in zip(params.items(), torch.autograd.grad(loss, list(params.values()))):
             ref[n] += g ** 2 / 4
     root = "model." if kind == "nlft" else "side."
     assert {f"root.{n.removeprefix(root)}" for n in ref} == set(fisher)

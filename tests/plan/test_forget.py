@@ -6,14 +6,23 @@ import pytest
 import torch
 import yaml
 
-from pipeline_src.plan.samples import SAMPLES_SCHEMA
+from pipeline_src.methods.composition import subtract_shards
 from pipeline_src.methods.registry import build_tuned_model, get_method
+from pipeline_src.plan.forget import (
+    ForgetRequestError,
+    forgotten_by_shard,
+    forgotten_in_shard,
+    random_request,
+    random_shards,
+    read_request,
+    remove_ids,
+    samples_table,
+    train_ids,
+    validate_request,
+)
+from pipeline_src.plan.samples import SAMPLES_SCHEMA
 from pipeline_src.plan.sharding import shard_ids, shard_manifest
 from pipeline_src.taft.compose import compose_deltas
-from pipeline_src.methods.composition import subtract_shards
-from pipeline_src.plan.forget import (ForgetRequestError, forgotten_by_shard, forgotten_in_shard, random_request,
-                                     random_shards, read_request, remove_ids, samples_table, train_ids,
-                                     validate_request)
 from tests.conftest import REPO, tiny_vit
 
 

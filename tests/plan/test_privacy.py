@@ -2,14 +2,18 @@
 naming the key, and the feasibility check agrees with Opacus' own noise planner."""
 from __future__ import annotations
 
-
 import pytest
 import yaml
 from opacus.accountants.utils import get_noise_multiplier
 
 from pipeline_src.plan.config import ConfigError, validate_config
-from pipeline_src.plan.privacy import (LARGEST_SIGMA_TRIED, check_privacy_config, epsilon_label, privacy_methods,
-                                         shard_sizes)
+from pipeline_src.plan.privacy import (
+    LARGEST_SIGMA_TRIED,
+    check_privacy_config,
+    epsilon_label,
+    privacy_methods,
+    shard_sizes,
+)
 from tests.conftest import REPO
 
 N_TRAIN = 538  # training split of the .test study

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from pipeline_src.data.images import load_images
-from pipeline_src.plan.samples import assign_splits, count_train_samples, list_samples
 from pipeline_src.plan.config import validate_config
+from pipeline_src.plan.samples import assign_splits, count_train_samples, list_samples
 
 
 def folder_cfg(root, **kw):

@@ -1,8 +1,8 @@
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline_src.store.atomic import write_parquet
 from pipeline_src.plan.sharding import shard_ids, shard_manifest
+from pipeline_src.store.atomic import write_parquet
 
 IDS = [f"s{i:03d}" for i in range(103)]
 

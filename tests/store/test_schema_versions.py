@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
-from pipeline_src.store.metrics import METRICS_SCHEMA, SCHEMA_VERSION, write_metrics
 from pipeline_src.reports.report import REPORTS
+from pipeline_src.store.metrics import METRICS_SCHEMA, SCHEMA_VERSION, write_metrics
 from pipeline_src.store.results_db import connect
 
 # Frozen copy of METRICS_SCHEMA as first written (b10f09b:pipeline_src/store/metrics.py): no `variant`.

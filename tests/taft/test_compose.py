@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.taft import (

@@ -5,11 +5,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call, jvp
-
 from timm.layers import Attention, LayerNorm, LayerScale, Mlp
 from timm.layers.activations import GELUTanh
 from timm.models.vision_transformer import Block
+from torch.func import functional_call, jvp
 
 from pipeline_src.taft.jvp_block import TangentAttention, TangentBlock, TangentMlp
 from pipeline_src.taft.jvp_layers import (

@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from torch.func import functional_call, jvp
-
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer
+from torch.func import functional_call, jvp
 
 from pipeline_src.taft import TangentViT
 

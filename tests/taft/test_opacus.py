@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.taft import TangentViT

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.taft import TangentViT, train_tangent, train_tangent_vectorized

@@ -13,14 +13,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline_src.methods.composition import ensemble_logits
-from pipeline_src.store.metrics import write_metrics
-from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.methods.composition import ensemble_logits, subtract_shards
+from pipeline_src.plan.forget import random_shards
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.forget.common import TestSet, load_context, study_rows
-from pipeline_src.methods.composition import subtract_shards
-from pipeline_src.plan.forget import random_shards
+from pipeline_src.store.metrics import write_metrics
+from pipeline_src.store.model_io import load_model, save_model
 
 
 def main(args: StepArgs) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline_src.store.atomic import write_parquet
-from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.plan.forget import forgotten_by_shard, read_request, remove_ids, validate_request
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.atomic import write_parquet
 
 
 def main(args: StepArgs) -> None:

@@ -6,12 +6,12 @@ number), from the sample ids of the DAG's full-data model (`train/{method}/n1_s{
 """
 from __future__ import annotations
 
-from pipeline_src.store.metrics import write_metrics
-from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.plan.forget import random_request
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.forget.common import TestSet, load_context, study_rows, train_on_ids
-from pipeline_src.plan.forget import random_request
+from pipeline_src.store.metrics import write_metrics
+from pipeline_src.store.model_io import load_model, save_model
 
 
 def main(args: StepArgs) -> None:

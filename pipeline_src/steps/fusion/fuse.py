@@ -16,16 +16,16 @@ from pathlib import Path
 import torch
 
 from pipeline_src.data.backbone import load_backbone
-from pipeline_src.methods.evaluation import classification_metrics
+from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.fusion import fuse
+from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.fusion_models import FromPrefix, load_features, logits_from, prefix_inputs, trained_part
-from pipeline_src.plan.fusion import variant
 from pipeline_src.methods.registry import build_tuned_model
+from pipeline_src.plan.fusion import variant
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
 from pipeline_src.store.model_io import load_model, save_model
-from pipeline_src.runner.runtime import resolve_device, set_up_job
-from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.runner.step_args import StepArgs
 
 
 def fuse_states(fusion: str, states: list[dict], template: torch.nn.Module,

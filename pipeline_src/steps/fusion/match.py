@@ -16,18 +16,24 @@ import time
 from pathlib import Path
 
 from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.matching import parameter_distance
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.fusion_models import (
-    chosen_blocks, load_features, logits_from, match_state, matchable_keys, num_heads_of, prefix_inputs,
+    chosen_blocks,
+    load_features,
+    logits_from,
+    match_state,
+    matchable_keys,
+    num_heads_of,
+    prefix_inputs,
 )
-from pipeline_src.plan.fusion import variant
-from pipeline_src.matching import parameter_distance
 from pipeline_src.methods.registry import build_tuned_model
+from pipeline_src.plan.fusion import variant
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
 from pipeline_src.store.model_io import load_model, save_model
-from pipeline_src.runner.runtime import resolve_device, set_up_job
-from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.runner.step_args import StepArgs
 
 
 def main(args: StepArgs) -> None:

@@ -15,19 +15,18 @@ import pyarrow.parquet as pq
 
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.methods.private import FromPrefix, per_example_loss, private_method_config, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
-from pipeline_src.store.model_io import save_model
+from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.privacy import epsilon_label
-from pipeline_src.store.provenance import state_digest
-from pipeline_src.runner.runtime import resolve_device, set_up_job
-from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.plan.sharding import shard_ids
+from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.features import load_rows
-from pipeline_src.methods.training import batched_apply
-
+from pipeline_src.store.model_io import save_model
+from pipeline_src.store.provenance import state_digest
 
 DP_SETTINGS = ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")
 
