@@ -19,7 +19,8 @@ from pipeline_src.dp import (
 )
 from pipeline_src.methods.private import FromPrefix, per_example_loss, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
-from tests.dp.test_reference import ce, microbatch_grads, tiny_vit
+from tests.conftest import tiny_vit
+from tests.dp.test_reference import ce, microbatch_grads
 
 METHODS = {
     "nlft": {"kind": "nlft", "k": 1},

@@ -7,7 +7,7 @@ import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from pipeline_src.dp import InfeasibleBudget, apply_regime, nlft_scope, plan_budget, train_private
-from tests.dp.test_reference import tiny_vit
+from tests.conftest import tiny_vit
 
 
 @pytest.mark.parametrize("accountant_name,accountant_cls", [("rdp", RDPAccountant), ("prv", PRVAccountant)])

@@ -2,14 +2,13 @@
 micro-batches of size one, and DP training on cached feature lists (fast, bk, hooks)."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from pipeline_src.dp import check_fast_supported, train_private
-from tests.dp.test_reference import assert_norms_match, ce, tiny_vit
-
-last = pytest.importorskip("pipeline_src.last.side_network")
-features_mod = pytest.importorskip("pipeline_src.last.features")
+from pipeline_src.last import features as features_mod
+from pipeline_src.last import side_network as last
+from tests.conftest import tiny_vit
+from tests.dp.test_reference import assert_norms_match, ce
 
 
 def _side_and_features(n: int = 6):

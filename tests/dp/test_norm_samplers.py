@@ -7,7 +7,8 @@ from torch import nn
 
 from pipeline_src.dp import AdditiveDelta, apply_regime, check_fast_supported, nlft_scope, register_fast_norm_sampler
 from pipeline_src.dp.norm_samplers import FAST_SQ_NORM_SAMPLERS, attach_fast_norm_samplers, linear_weight_sq_norm
-from tests.dp.test_reference import assert_norms_match, ce, tiny_vit
+from tests.conftest import tiny_vit
+from tests.dp.test_reference import assert_norms_match, ce
 
 
 @pytest.mark.parametrize("regime", ["full", "bitfit", "layernorm", "fc"])

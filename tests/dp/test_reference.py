@@ -2,16 +2,10 @@
 from __future__ import annotations
 
 import torch
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from pipeline_src.dp.norm_samplers import wrap_fast
-
-
-def tiny_vit(seed: int = 0) -> VisionTransformer:
-    torch.manual_seed(seed)
-    return VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2,
-                             num_heads=4).double()
+from tests.conftest import tiny_vit
 
 
 def ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

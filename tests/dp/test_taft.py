@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from pipeline_src.dp import check_fast_supported
-from tests.dp.test_reference import assert_norms_match, tiny_vit
-
-tangent_vit = pytest.importorskip("pipeline_src.taft.tangent_vit")
+from pipeline_src.taft import tangent_vit
+from tests.conftest import tiny_vit
+from tests.dp.test_reference import assert_norms_match
 
 
 @pytest.mark.parametrize("reset_cls", [False, True])

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from pipeline_src.dp import REGIMES, apply_regime, epsilon_for, nlft_scope, train_private
-from tests.dp.test_reference import ce, tiny_vit
+from tests.conftest import tiny_vit
+from tests.dp.test_reference import ce
 
 
 def _run(mode: str, regime: str = "full"):

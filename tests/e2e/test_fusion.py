@@ -8,8 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.e2e.test_workflow import planned_outputs, snakemake
+from tests.conftest import REPO, planned_outputs, snakemake
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,7 @@ from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.plan.last_grid import grid_points, point_label
 from pipeline_src.reports.last_grid import last_grid
 from pipeline_src.store.results_db import connect
-from tests.conftest import REPO
-from tests.e2e.test_workflow import planned_outputs, snakemake
+from tests.conftest import REPO, planned_outputs, snakemake
 
 TINY = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
 

@@ -3,9 +3,6 @@ regimes at two ε (Table 3 rows), then DP taft shards composed by their Δw sum.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -19,19 +16,11 @@ from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.reports.privacy import REPORTS
 from pipeline_src.steps.features import load_rows
 from pipeline_src.store.results_db import connect
-from tests.conftest import REPO
+from tests.conftest import REPO, snakemake
 
 pytestmark = pytest.mark.e2e
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 METHODS, REGIMES, EPSILONS = ["nlft-1", "taft-1", "last"], ["full", "fc"], [1, 8]
 
-
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    if proc.returncode:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 def write_config(workdir: Path, **privacy) -> None:

@@ -9,26 +9,15 @@ captions are the same for every method.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, snakemake
 
 pytestmark = pytest.mark.e2e
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
-
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1200)
-    if proc.returncode:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 def small_config() -> dict:
@@ -47,12 +36,12 @@ def small_config() -> dict:
 def study(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("report_study")
     (workdir / "config.yaml").write_text(yaml.safe_dump(small_config()))
-    snakemake(workdir, "--cores", "2")
+    snakemake(workdir, "--cores", "2", timeout=1200)
     return workdir
 
 
 def test_html_report_of_the_finished_study(study):
-    proc = snakemake(study, "--report", "report.html")
+    proc = snakemake(study, "--report", "report.html", timeout=1200)
     log = proc.stdout + proc.stderr
     html = study / "report.html"
     assert html.stat().st_size > 10_000, log

@@ -22,7 +22,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,10 +29,9 @@ import duckdb
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SNAKEMAKE
 
 pytestmark = pytest.mark.e2e
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
 SLURM_RULES = {"train", "compose", "evaluate_shard", "evaluate_soup", "evaluate_ensemble"}
 FULL = os.environ.get("PIPELINE_SLURM_TEST_FULL") == "1"

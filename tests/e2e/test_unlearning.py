@@ -22,23 +22,12 @@ from pipeline_src.plan.forget import forgotten_by_shard
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.store.audit import audit_model
 from pipeline_src.store.model_io import load_model
-from tests.conftest import REPO
+from tests.conftest import REPO, planned_outputs, snakemake
 
 pytestmark = pytest.mark.e2e
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 TARGETS = ["evaluate_all", "unlearning"]  # not `all`: the report of the other studies is not under test here
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    if check and proc.returncode:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
-    return re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, flags=re.M)
 
 
 def _config() -> dict:

@@ -12,22 +12,11 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, planned_outputs, snakemake
 
 pytestmark = pytest.mark.e2e
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
-    if check and proc.returncode:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
-    return re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, flags=re.M)
 
 
 @pytest.fixture(scope="module")

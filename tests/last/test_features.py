@@ -4,12 +4,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.last import extract_feature_dict, extract_features, feature_keys, side_inputs
-
-
-def tiny_vit(depth: int = 4, seed: int = 0) -> VisionTransformer:
-    torch.manual_seed(seed)
-    return VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32,
-                             depth=depth, num_heads=4).double()
+from tests.conftest import tiny_vit
 
 
 def hooked_block_io(vit: VisionTransformer, x: torch.Tensor) -> list[torch.Tensor]:
@@ -27,7 +22,7 @@ def hooked_block_io(vit: VisionTransformer, x: torch.Tensor) -> list[torch.Tenso
 
 @pytest.mark.parametrize("every", [1, 2, 4])
 def test_features_are_block_outputs(every):
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     x = torch.randn(3, 1, 16, 16, dtype=torch.float64)
     ref = hooked_block_io(vit, x)  # [z_0, block1, ..., block4]
     feats = extract_features(vit, x, every=every)
@@ -38,7 +33,7 @@ def test_features_are_block_outputs(every):
 
 
 def test_no_graph_and_mode_restored():
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     vit.train()
     x = torch.randn(2, 1, 16, 16, dtype=torch.float64, requires_grad=True)
     feats = extract_features(vit, x, every=1)
@@ -48,7 +43,7 @@ def test_no_graph_and_mode_restored():
 
 
 def test_feature_dict_chunks_match_single_pass():
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     x = torch.randn(7, 1, 16, 16, dtype=torch.float64)
     cache = extract_feature_dict(vit, x, every=2, chunk_size=3)
     assert list(cache) == ["z0", "z2", "z4"] == feature_keys(4, 2)
@@ -61,7 +56,7 @@ def test_feature_dict_chunks_match_single_pass():
 
 
 def test_bad_options_raise():
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     x = torch.randn(1, 1, 16, 16, dtype=torch.float64)
     for every in (0, 3, 5, True):
         with pytest.raises(ValueError, match="every"):

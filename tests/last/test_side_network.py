@@ -6,12 +6,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.last import LowRankSelfAttention, SideNetwork, extract_features, normalize_member
-
-
-def tiny_vit(depth: int = 4, global_pool: str = "token", seed: int = 0) -> VisionTransformer:
-    torch.manual_seed(seed)
-    return VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32,
-                             depth=depth, num_heads=4, global_pool=global_pool).double().eval()
+from tests.conftest import tiny_vit
 
 
 def last_block_output(vit: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
@@ -26,7 +21,7 @@ def last_block_output(vit: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("global_pool", ["token", "avg"])
 @pytest.mark.parametrize("every,T", [(1, 1), (2, 2), (4, 1), (4, 3)])
 def test_zero_up_is_backbone(every, T, global_pool):
-    vit = tiny_vit(global_pool=global_pool)
+    vit = tiny_vit(depth=4, global_pool=global_pool)
     x = torch.randn(3, 1, 16, 16, dtype=torch.float64)
     side = SideNetwork(vit, rank=8, heads=2, every=every, modules_per_block=T, num_classes=5, zero_init_up=True, seed=3)
     feats = extract_features(vit, x, every=every)
@@ -37,7 +32,7 @@ def test_zero_up_is_backbone(every, T, global_pool):
 
 
 def test_without_bias_correction_sums_features():
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     x = torch.randn(2, 1, 16, 16, dtype=torch.float64)
     side = SideNetwork(vit, rank=8, heads=2, every=2, modules_per_block=1, num_classes=5,
                        zero_init_up=True, bias_correction=False)
@@ -95,7 +90,7 @@ def test_per_head_rotation_symmetry():
 
 @pytest.mark.parametrize("every,T,rank,heads", [(1, 1, 4, 1), (1, 2, 8, 4), (2, 1, 6, 3), (4, 2, 16, 2)])
 def test_shapes(every, T, rank, heads):
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     side = SideNetwork(vit, rank=rank, heads=heads, every=every, modules_per_block=T, num_classes=7)
     assert len(side.blocks) == 4 // every and all(len(b) == T for b in side.blocks)
     lsa = side.blocks[0][0]
@@ -105,7 +100,7 @@ def test_shapes(every, T, rank, heads):
 
 
 def test_backbone_gets_no_gradient():
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     assert all(p.requires_grad for p in vit.parameters())
     x = torch.randn(4, 1, 16, 16, dtype=torch.float64)
     feats = extract_features(vit, x, every=2)
@@ -118,7 +113,7 @@ def test_backbone_gets_no_gradient():
 
 
 def test_bad_options_raise():
-    vit = tiny_vit()
+    vit = tiny_vit(depth=4)
     kw = dict(rank=8, heads=2, every=2, modules_per_block=1, num_classes=5)
     with pytest.raises(ValueError, match="rank=6 must be a positive multiple of heads=4"):
         SideNetwork(vit, **{**kw, "rank": 6, "heads": 4})
