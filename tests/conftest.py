@@ -39,17 +39,18 @@ def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
     return re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, flags=re.M)
 
 
-def tiny_vit(seed: int = 0, **overrides) -> VisionTransformer:
-    """A float64 timm ViT in eval mode: img 16, patch 4, 1 channel, 5 classes, D 32, depth 2, 4 heads.
+def tiny_vit(seed: int = 0, train: bool = False, **overrides) -> VisionTransformer:
+    """A float64 timm ViT: img 16, patch 4, 1 channel, 5 classes, D 32, depth 2, 4 heads.
 
     Args:
         seed: torch's seed for the initialisation (same seed, same weights).
+        train: training mode (Opacus refuses a model in eval mode); eval mode by default.
         overrides: VisionTransformer kwargs replacing those above (e.g. depth=4, global_pool="avg").
     """
     kwargs = dict(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2, num_heads=4)
     kwargs.update(overrides)
     torch.manual_seed(seed)
-    return VisionTransformer(**kwargs).double().eval()
+    return VisionTransformer(**kwargs).double().train(train)
 
 
 @pytest.fixture

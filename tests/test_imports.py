@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,27 @@ def test_rules_import_only_parse_time_modules():
             if s.startswith(("from pipeline_src", "import pipeline_src")) and not s.split()[1].startswith(("pipeline_src.plan", "pipeline_src.methods.kinds")):
                 bad.append(f"{f.name}: {s}")
     assert bad == []
+
+
+def _kind_comparisons(tree: ast.AST) -> list[int]:
+    """Lines comparing a method's kind: `kind == ...`, `cfg["kind"] in ...`, `ctx.kind != ...`."""
+    def is_kind(node):
+        return ((isinstance(node, ast.Name) and node.id == "kind")
+                or (isinstance(node, ast.Attribute) and node.attr == "kind")
+                or (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "kind"))
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare) and is_kind(n.left)
+            and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in n.ops)]
+
+
+def test_kind_branches_only_in_methods():
+    """Per-kind behaviour lives in methods/ (methods/kinds.py holds the facts the rest asks)."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path.relative_to(PKG).parts[0] != "methods":
+            bad += [f"{path.relative_to(REPO)}:{line}" for line in _kind_comparisons(ast.parse(path.read_text()))]
+    for path in sorted((REPO / "workflow").rglob("*.smk")) + [REPO / "Snakefile"]:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r"""(\bkind\b|\[["']kind["']\])\s*(==|!=|in\b|not\s+in\b)""", code):
+                bad.append(f"{path.relative_to(REPO)}:{i}")
+    assert bad == [], "branch on kind_of(...) facts from pipeline_src/methods/kinds.py instead: " + ", ".join(bad)

@@ -167,3 +167,20 @@ def logits_from(template: nn.Module, state: dict, h: torch.Tensor) -> torch.Tens
     template.load_trainable_state(state)
     template.eval()
     return batched_apply(template.forward_from_prefix, h).cpu()
+
+
+def reinit_method_config(method_cfg: dict, seed: int) -> dict:
+    """The method config a re-initialized shard is built from (last: its own side-network seed)."""
+    if method_cfg["kind"] == "last":
+        return {**method_cfg, "init_seed": seed}
+    if method_cfg["kind"] == "nlft":
+        return dict(method_cfg)
+    raise ValueError(f"config key 'fusion.methods': kind '{method_cfg['kind']}' has no random_reinit (nlft, last only)")
+
+
+def reinit_tuned(model, method_cfg: dict, seed: int) -> None:
+    """Give a freshly built shard model its own random init (the `random_reinit` setting): an
+    nlft model's tuned blocks are re-drawn from `seed`; a side network was already built from
+    its own `init_seed` (`reinit_method_config`)."""
+    if method_cfg["kind"] == "nlft":
+        reinit_tail_blocks(model, seed)

@@ -13,6 +13,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pipeline_src.methods.kinds import method_errors
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.forget import check_forget_section
@@ -106,20 +107,8 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         for key in method:
             if key not in shared and key not in kind_keys[method["kind"]]:
                 raise ConfigError(f"config key 'methods.{name}.{key}': not an option of kind '{method['kind']}'")
-        if method["kind"] == "last":
-            for key in ("rank", "heads"):
-                if key not in method:
-                    raise ConfigError(f"config key 'methods.{name}.{key}': required for kind 'last'")
-            if method["rank"] % method["heads"]:
-                raise ConfigError(f"config key 'methods.{name}.heads': must divide rank {method['rank']}")
-            if cfg["backbone"]["source"] == "pretrain" and depth % method.get("every", 1):
-                raise ConfigError(f"config key 'methods.{name}.every': must divide backbone depth {depth}")
-        if method["kind"] in ("nlft", "taft"):
-            k = method.get("k")
-            if k is None:
-                raise ConfigError(f"config key 'methods.{name}.k': required for kind '{method['kind']}'")
-            if cfg["backbone"]["source"] == "pretrain" and k > depth:
-                raise ConfigError(f"config key 'methods.{name}.k': {k} exceeds backbone depth {depth}")
+        for key, message in method_errors(name, method, depth if cfg["backbone"]["source"] == "pretrain" else None):
+            raise ConfigError(f"config key '{key}': {message}")
     # Each study checks its own section and raises ConfigError naming <section>.<key>.
     check_fusion_config(cfg)
     check_last_grid_config(cfg)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 
+from pipeline_src.methods import kinds
+from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.plan.errors import ConfigError
 
 MATCHINGS = ("none", "permutation", "rotation", "rotation-scaling")
 INITS = ("shared", "random_reinit")
 FUSIONS = ("soup", "fisher", "regmean")
-KINDS = ("nlft", "last")  # the kinds whose shard models have attention to match
+KINDS = kinds_where("fusable")  # the kinds whose shard models have attention to match
 
 
 class FusionConfigError(ConfigError):
@@ -33,7 +35,7 @@ class FusionConfigError(ConfigError):
 def fusion_methods(cfg: dict) -> list[str]:
     """Method names of the study: `fusion.methods`, or every nlft/last method when empty."""
     names = cfg["fusion"]["methods"]
-    return list(names) if names else [n for n, m in cfg["methods"].items() if m["kind"] in KINDS]
+    return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).fusable]
 
 
 def fusion_shards(cfg: dict) -> list[int]:
@@ -45,11 +47,8 @@ def fusion_shards(cfg: dict) -> list[int]:
 def matchable_blocks(cfg: dict, method_cfg: dict) -> int | None:
     """How many blocks matching can touch (nlft: k; last: LSA blocks), None when unknown at
     parse time (a timm or checkpoint backbone's depth)."""
-    if method_cfg["kind"] == "nlft":
-        return method_cfg["k"]
-    if cfg["backbone"]["source"] != "pretrain":
-        return None
-    return cfg["backbone"]["arch"]["depth"] // method_cfg.get("every", 1)
+    depth = cfg["backbone"]["arch"]["depth"] if cfg["backbone"]["source"] == "pretrain" else None
+    return kinds.matchable_blocks(method_cfg, depth)
 
 
 def check_fusion_config(cfg: dict) -> None:
@@ -65,7 +64,7 @@ def check_fusion_config(cfg: dict) -> None:
         if name not in cfg["methods"]:
             raise FusionConfigError(f"config key 'fusion.methods': '{name}' is not a method in 'methods'")
         kind = cfg["methods"][name]["kind"]
-        if kind not in KINDS:
+        if not kind_of(kind).fusable:
             raise FusionConfigError(f"config key 'fusion.methods': method '{name}' has kind '{kind}'; "
                                     f"matching and fusion support kinds {list(KINDS)} only")
     if not fusion_methods(cfg):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.errors import ConfigError
 
 # last_grid list key -> the base method's key it replaces (and its default there).
@@ -24,7 +25,7 @@ def grid_method(cfg: dict) -> str | None:
     name = cfg["last_grid"].get("method")
     if name is not None:
         return name
-    return next((n for n, m in cfg["methods"].items() if m["kind"] == "last"), None)
+    return next((n for n, m in cfg["methods"].items() if kind_of(m).side), None)
 
 
 def grid_points(cfg: dict) -> list[dict]:
@@ -63,7 +64,7 @@ def check_last_grid_config(cfg: dict) -> None:
     if name not in cfg["methods"]:
         raise ConfigError(f"config key 'last_grid.method': unknown method '{name}' (methods: {sorted(cfg['methods'])})")
     kind = cfg["methods"][name]["kind"]
-    if kind != "last":
+    if not kind_of(kind).side:
         raise ConfigError(f"config key 'last_grid.method': method '{name}' is of kind '{kind}', not 'last'")
     points = grid_points(cfg)
     for p in points:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 
-DP_KINDS = ("nlft", "taft", "last")
+DP_KINDS = kinds_where("private")
 # Opacus' get_noise_multiplier doubles σ from 20 and gives up past MAX_SIGMA = 1e6, so the
 # largest σ it tries is 20·2^15: the target is feasible iff ε at that σ is within it.
 LARGEST_SIGMA_TRIED = 20.0 * 2 ** 15
@@ -33,7 +34,7 @@ def epsilon_label(epsilon: float) -> str:
 def privacy_methods(cfg: dict) -> list[str]:
     """The study's methods: `privacy.methods`, or every method of a DP kind when it is empty."""
     names = cfg["privacy"]["methods"]
-    return list(names) if names else [n for n, m in cfg["methods"].items() if m["kind"] in DP_KINDS]
+    return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).private]
 
 
 def shard_sizes(n_train: int, shards: int) -> list[int]:
@@ -59,7 +60,7 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
         if name not in cfg["methods"]:
             raise _error(f"privacy.methods[{i}]", f"'{name}' is not a method in `methods:` ({sorted(cfg['methods'])})")
         kind = cfg["methods"][name]["kind"]
-        if kind not in DP_KINDS:
+        if not kind_of(kind).private:
             raise _error(f"privacy.methods[{i}]", f"'{name}' has kind '{kind}'; DP training supports kinds {DP_KINDS}")
     labels = [epsilon_label(e) for e in p["epsilons"]]
     if len(set(labels)) != len(labels):

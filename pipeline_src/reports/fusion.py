@@ -70,13 +70,13 @@ def fusion_figure3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
         paths += _save_table(wide, out_dir, f"fusion_{metric}",
                              f"Distance to the anchor (shard 0) after matching: {metric} (mean over shards 1..N-1)")
     wide = _wide(df[df.metric == "anchor_distance"], ["method", "N", "init"]).sort_values(["method", "N", "init"])
-    kinds = [m for m in MATCHINGS if m in wide.columns]
+    matchings = [m for m in MATCHINGS if m in wide.columns]
     labels = [f"{r.method}\n{r.init}\nN={r.N}" for r in wide.itertuples()]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels)), 4.5))
-    width = 0.8 / len(kinds)
-    for j, kind in enumerate(kinds):
-        xs = [i + (j - (len(kinds) - 1) / 2) * width for i in range(len(labels))]
-        ax.bar(xs, wide[kind], width=width, label="no matching" if kind == "none" else kind)
+    width = 0.8 / len(matchings)
+    for j, matching in enumerate(matchings):
+        xs = [i + (j - (len(matchings) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, wide[matching], width=width, label="no matching" if matching == "none" else matching)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("‖θ_i − θ_anchor‖₂ (trained parameters)")
     ax.set_title("Distance to the anchor after matching (Figure 3 layout)", fontsize=10)

@@ -83,7 +83,7 @@ def _perturb(model: nn.Module, scale: float = 0.05) -> None:
 def dag_model(method: str, regime: str, backbone: VisionTransformer | None = None):
     """The DAG's DP setup (train_private step): tuned model, regime, FromPrefix view, prefix features, loss."""
     cfg = METHODS[method]
-    model = build_tuned_model(backbone if backbone is not None else tiny_vit(), cfg, num_classes=5, seed=0)
+    model = build_tuned_model(backbone if backbone is not None else tiny_vit(train=True), cfg, num_classes=5, seed=0)
     model.requires_grad_(True)
     trained = select_trainable(model, cfg["kind"], regime, train_head=True)
     _perturb(model)
@@ -119,7 +119,7 @@ def test_bk_layer_scale_backbone(method):
 @pytest.mark.parametrize("regime", REGIMES)
 def test_bk_nlft_from_images(regime):
     """The whole ViT on images, frozen prefix included (nothing upstream of the tail requires grad)."""
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, regime, nlft_scope(model))
     _perturb(model)
     x = torch.randn(5, 1, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -195,7 +195,7 @@ def test_bk_skips_parameter_gradients_and_unused_params_get_zero():
 
 
 def test_bk_uncovered_module_raises_naming_it():
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, "full", nlft_scope(model))
     model.cls_token.requires_grad_(True)
     with pytest.raises(NotImplementedError, match="VisionTransformer.*'<root>'.*cls_token"):

@@ -37,7 +37,7 @@ def test_recorded_epsilon_equals_opacus_accountant(accountant_name, accountant_c
     (dict(accountant="gdpx"), "unknown accountant"),
 ])
 def test_infeasible_budget_fails_before_training(kwargs, match):
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, "fc", nlft_scope(model))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     calls = []

@@ -12,7 +12,7 @@ from tests.dp.test_reference import assert_norms_match, ce
 
 
 def _side_and_features(n: int = 6):
-    backbone = tiny_vit()
+    backbone = tiny_vit(train=True)
     backbone.requires_grad_(False)
     side = last.SideNetwork(backbone, rank=4, heads=2, every=1, modules_per_block=1, num_classes=5, seed=1)
     g = torch.Generator().manual_seed(2)

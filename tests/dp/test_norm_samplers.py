@@ -13,7 +13,7 @@ from tests.dp.test_reference import assert_norms_match, ce
 
 @pytest.mark.parametrize("regime", ["full", "bitfit", "layernorm", "fc"])
 def test_nlft_regimes_match_microbatches(regime):
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, regime, nlft_scope(model))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 1, 16, 16, generator=g, dtype=torch.float64)
@@ -61,7 +61,7 @@ def test_clipped_contributions_are_bounded_and_sum_to_grad():
     from pipeline_src.dp import wrap_fast
     from tests.dp.test_reference import microbatch_grads
 
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, "full", nlft_scope(model))
     x = torch.randn(6, 1, 16, 16, dtype=torch.float64)
     y = torch.randint(0, 5, (6,))
@@ -84,7 +84,7 @@ def test_clipped_contributions_are_bounded_and_sum_to_grad():
 
 
 def test_uncovered_module_raises_naming_type():
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, "full", nlft_scope(model))
     model.cls_token.requires_grad_(True)
     with pytest.raises(NotImplementedError, match="VisionTransformer.*cls_token"):

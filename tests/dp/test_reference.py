@@ -69,7 +69,7 @@ def assert_norms_match(model: nn.Module, x, y: torch.Tensor, loss_fn=ce, rtol: f
 
 def test_microbatch_reference_sums_to_batch_gradient():
     """The reference itself: mean of per-example gradients equals the batch gradient."""
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     x = torch.randn(4, 1, 16, 16, dtype=torch.float64)
     y = torch.randint(0, 5, (4,))
     per = microbatch_grads(model, x, y)

@@ -12,7 +12,7 @@ from tests.dp.test_reference import ce
 
 
 def _run(mode: str, regime: str = "full"):
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, regime, nlft_scope(model))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(40, 1, 16, 16, dtype=torch.float64, generator=g)
@@ -24,7 +24,7 @@ def _run(mode: str, regime: str = "full"):
 
 
 def test_modes_agree_and_record_matches_accountant():
-    base = tiny_vit()
+    base = tiny_vit(train=True)
     results = {m: _run(m) for m in ("fast", "bk", "ghost", "hooks")}
     model, state, rec, steps = results["fast"]
     assert rec["steps_taken"] == rec["steps"] == 8 == len(steps)
@@ -65,7 +65,7 @@ def test_regimes_train_only_their_parameters(regime, mode):
 
 
 def test_unknown_mode_and_regime_raise():
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     with pytest.raises(ValueError, match="unknown DP regime"):
         apply_regime(model, "lora", nlft_scope(model))
     apply_regime(model, "fc", nlft_scope(model))
@@ -76,7 +76,7 @@ def test_unknown_mode_and_regime_raise():
 
 
 def test_loss_fn_must_be_per_example():
-    model = tiny_vit()
+    model = tiny_vit(train=True)
     apply_regime(model, "fc", nlft_scope(model))
     x = torch.randn(20, 1, 16, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match="one loss per example"):
@@ -87,7 +87,7 @@ def test_loss_fn_must_be_per_example():
 def test_empty_poisson_batches_still_step_and_modes_agree():
     states, sizes = {}, {}
     for mode in ("fast", "bk", "hooks"):
-        model = tiny_vit()
+        model = tiny_vit(train=True)
         apply_regime(model, "fc", nlft_scope(model))
         g = torch.Generator().manual_seed(0)
         x = torch.randn(20, 1, 16, 16, dtype=torch.float64, generator=g)

@@ -18,12 +18,13 @@ from pipeline_src.methods.fusion_models import (
     match_state,
     matchable_keys,
     num_heads_of,
+    reinit_method_config,
     reinit_tail_blocks,
+    reinit_tuned,
 )
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.plan.fusion import FusionConfigError, check_fusion_config, fusion_targets
 from pipeline_src.steps.fusion.fuse import fuse_states
-from pipeline_src.steps.fusion.train import reinit_method_config
 from tests.conftest import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("float64_default")
@@ -35,8 +36,7 @@ def shard_model(method_cfg: dict, shard: int):
     """A trained-looking shard model from its own random init (the `random_reinit` setting)."""
     cfg = reinit_method_config(method_cfg, 100 + shard)
     model = build_tuned_model(tiny_vit(), cfg, NUM_CLASSES, seed=0)
-    if cfg["kind"] == "nlft":
-        reinit_tail_blocks(model, 100 + shard)
+    reinit_tuned(model, cfg, 100 + shard)
     g = torch.Generator().manual_seed(shard)
     with torch.no_grad():  # move every trained tensor (biases too) away from its init
         for p in model.parameters():

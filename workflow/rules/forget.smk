@@ -5,6 +5,7 @@
 # and the split are pure functions of the config). A forget request therefore changes the params
 # of the affected shards' manifest jobs only, and Snakemake reruns those jobs and their
 # dependants (training, composition, evaluation, report) and nothing else.
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
@@ -51,7 +52,7 @@ def _study_cache_input(w):
 def unlearn_drop_inputs(w):
     inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
               "models": shard_models(w)}
-    if config["methods"][w.method]["kind"] == "taft":
+    if kind_of(config["methods"][w.method]).tangent:
         inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
     return inputs
 

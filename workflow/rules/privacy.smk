@@ -2,6 +2,7 @@
 # count x shard x seed from the cached features, DP taft shards composed by their Δw sum,
 # every DP model evaluated. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
 # so `report` (and `all`) build them; `snakemake privacy` builds them alone.
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.privacy import epsilon_label, privacy_methods
 
 PRIV = config["privacy"]
@@ -18,7 +19,7 @@ wildcard_constraints:
 def private_signature(w):
     """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
     method = dict(config["methods"][w.method])
-    if method["kind"] == "taft" and PRIV["jvp_only"] is not None:
+    if kind_of(method).tangent and PRIV["jvp_only"] is not None:
         method["jvp_only"] = PRIV["jvp_only"]
     dp = {k: PRIV[k] for k in ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")}
     return json.dumps({"method": method, "dp": dp, "head_seed": config["seed"]}, sort_keys=True)
@@ -46,7 +47,7 @@ def private_evaluation_targets():
     or the ensemble (other kinds) of the shards."""
     out = []
     for m in privacy_methods(config):
-        composed = "soup" if config["methods"][m]["kind"] == "taft" else "ensemble"
+        composed = "soup" if kind_of(config["methods"][m]).tangent else "ensemble"
         for regime in PRIV["regimes"]:
             for eps in PRIV["epsilons"]:
                 for n in PRIV["shards"]:

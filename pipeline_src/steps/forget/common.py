@@ -19,6 +19,7 @@ from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import average_states
 from pipeline_src.methods.evaluation import classification_metrics
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import build_tuned_model, get_method
 from pipeline_src.methods.training import batched_apply
 from pipeline_src.runner.runtime import resolve_device
@@ -117,7 +118,7 @@ def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: s
 def compose(ctx: StudyContext, states: list[dict], records: list[dict]) -> tuple[dict, list[float], str]:
     """Compose shard models as the `compose` step does: (state, weights, composition name)."""
     weights = composition_weights(records, ctx.cfg["compose_weights"])
-    if ctx.kind == "taft":
+    if kind_of(ctx.kind).tangent:
         check_same_linearization([r["linearization_id"] for r in records])
         return compose_deltas(states, weights), weights, "taft-sum"
     return average_states(states, weights), weights, "soup"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from pipeline_src.methods.composition import ensemble_logits, subtract_shards
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import random_shards
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
@@ -35,7 +36,7 @@ def main(args: StepArgs) -> None:
     out_dir = Path(args.output.models)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    if ctx.kind == "taft":
+    if kind_of(ctx.kind).tangent:
         composed, comp_record = load_model(args.input.composed)
         order = [c["shard_id"] for c in comp_record["components"]]
         strategy = "subtract"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pipeline_src.methods.composition import ensemble_logits
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import random_request
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
@@ -64,7 +65,7 @@ def main(args: StepArgs) -> None:
     stats = {"unlearn_time_s": seconds, "train_time_s": train_seconds, "forgotten": len(forgotten),
              "affected_shards": len(affected), "retrained_samples": sum(records[k]["num_samples"] for k in affected)}
     results = {"retrain-shard": test.metrics(test.logits(composed))}
-    if ctx.kind != "taft":  # the tangent composition already is the ensemble
+    if not kind_of(ctx.kind).tangent:  # the tangent composition already is the ensemble
         results["sisa-retrain"] = test.metrics(ensemble_logits([test.logits(s) for s in states]))
     rows = []
     for model, values in results.items():

@@ -28,6 +28,7 @@ from pipeline_src.methods.fusion_models import (
     num_heads_of,
     prefix_inputs,
 )
+from pipeline_src.methods.kinds import matches_ffn
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.plan.fusion import variant
 from pipeline_src.runner.runtime import resolve_device, set_up_job
@@ -50,7 +51,7 @@ def main(args: StepArgs) -> None:
     heads = num_heads_of(template, first["method_config"])
     anchor = states[0]
     blocks = chosen_blocks(anchor, kind, fus["blocks"])
-    ffn = fus["match_ffn"] and kind == "nlft"
+    ffn = fus["match_ffn"] and matches_ffn(kind)
 
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.methods.fusion_models import reinit_tail_blocks
+from pipeline_src.methods.fusion_models import reinit_method_config, reinit_tuned
 from pipeline_src.methods.registry import build_tuned_model, get_method
 from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.sharding import shard_ids
@@ -33,15 +33,6 @@ from pipeline_src.store.provenance import state_digest
 
 def reinit_seed(seed: int, shard: int) -> int:
     return seed * 1000 + shard + 1
-
-
-def reinit_method_config(method_cfg: dict, seed: int) -> dict:
-    """The method config a re-initialized shard is built from (last: its own side-network seed)."""
-    if method_cfg["kind"] == "last":
-        return {**method_cfg, "init_seed": seed}
-    if method_cfg["kind"] == "nlft":
-        return dict(method_cfg)
-    raise ValueError(f"config key 'fusion.methods': kind '{method_cfg['kind']}' has no random_reinit (nlft, last only)")
 
 
 def main(args: StepArgs) -> None:
@@ -60,8 +51,7 @@ def main(args: StepArgs) -> None:
     num_classes = store.num_classes("target")
     head_seed = cfg["seed"]
     model = build_tuned_model(backbone, method_cfg, num_classes, head_seed)
-    if method_cfg["kind"] == "nlft":
-        reinit_tail_blocks(model, r_seed)
+    reinit_tuned(model, method_cfg, r_seed)
     model.to(device)
 
     t0 = time.perf_counter()

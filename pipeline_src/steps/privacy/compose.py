@@ -8,6 +8,7 @@ training split (McSherry 2009, "Privacy integrated queries", parallel compositio
 """
 from __future__ import annotations
 
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.compose import composition_weights
 from pipeline_src.store.model_io import load_model, save_model
@@ -31,7 +32,7 @@ def main(args: StepArgs) -> None:
     loaded = [load_model(p) for p in args.input.models]
     states, records = [list(x) for x in zip(*loaded)]
     first = records[0]
-    if first["method_config"]["kind"] != "taft":
+    if not kind_of(first["method_config"]).tangent:
         raise ValueError(f"compose_private: Δw composition needs taft shard models, got kind "
                          f"'{first['method_config']['kind']}' (other kinds are ensembled at evaluation)")
     for key in _SAME:

@@ -16,6 +16,7 @@ from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.methods.training import batched_apply
 from pipeline_src.runner.runtime import resolve_device, set_up_job
@@ -30,7 +31,7 @@ def variant(record: dict) -> str:
     s, m = record["dp_settings"], record["method_config"]
     return json.dumps({"study": "privacy", "regime": record["regime"], "epsilon": record["privacy"]["epsilon"],
                        "delta": s["delta"], "accountant": s["accountant"], "mode": s["mode"],
-                       "max_grad_norm": s["max_grad_norm"], "train_head": s.get("train_head"), "jvp_only": m.get("jvp_only") if m["kind"] == "taft" else None},
+                       "max_grad_norm": s["max_grad_norm"], "train_head": s.get("train_head"), "jvp_only": m.get("jvp_only") if kind_of(m).tangent else None},
                       sort_keys=True)
 
 

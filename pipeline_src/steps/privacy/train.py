@@ -17,6 +17,7 @@ from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.dp import InfeasibleBudget, train_private
+from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.private import FromPrefix, per_example_loss, private_method_config, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.methods.training import batched_apply
@@ -97,7 +98,7 @@ def main(args: StepArgs) -> None:
         "num_classes": num_classes, "backbone_digest": state_digest(backbone.state_dict()),
         "num_samples": len(ids), "sample_ids": ids, "device": str(device), "wall_time_s": time.perf_counter() - t0,
     }
-    if method_cfg["kind"] == "taft":
+    if kind_of(method_cfg).tangent:
         record["linearization_id"] = model.linearization_id()
     save_model(model.trainable_state(), record, args.output.model)
     print(f"DP-trained {desc} on {len(ids)} samples: σ {privacy['sigma']:.4f}, q {privacy['sample_rate']:.4g}, "
