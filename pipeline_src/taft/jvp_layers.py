@@ -181,7 +181,8 @@ class TangentGELU(nn.Module):
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
-        from timm.layers.activations import GELU as TimmGELU, GELUTanh
+        from timm.layers.activations import GELU as TimmGELU
+        from timm.layers.activations import GELUTanh
 
         if type(base) is nn.GELU:
             self.approximate = base.approximate

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from pipeline_src.provenance import state_digest
+from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.jvp_block import TangentBlock, dropout_rate
 from pipeline_src.taft.jvp_layers import Tangent, TangentLayerNorm, TangentLinear, _init_delta_
 

@@ -9,16 +9,16 @@ sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without insta
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir])
 
-from pipeline_src.config import ConfigError, validate_config
-from pipeline_src.method_kinds import feature_cache
-from pipeline_src.environment import warn_on_lock_drift
+from pipeline_src.plan.config import ConfigError, validate_config
+from pipeline_src.methods.kinds import feature_cache
+from pipeline_src.store.environment import warn_on_lock_drift
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
 
 try:
-    _validated = validate_config(config)
+    _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()

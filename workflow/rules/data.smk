@@ -10,7 +10,7 @@ rule prepare:
     benchmark:
         f"{R}/logs/prepare/prepare.bench.tsv"
     script:
-        "../scripts/prepare.py"
+        "../scripts/step.py"
 
 
 localrules:
@@ -25,7 +25,7 @@ rule signature:
     log:
         f"{R}/logs/signature/{{name}}.log",
     script:
-        "../scripts/signature.py"
+        "../scripts/step.py"
 
 
 rule pretrain:
@@ -47,4 +47,4 @@ rule pretrain:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     script:
-        "../scripts/pretrain.py"
+        "../scripts/step.py"

@@ -6,7 +6,8 @@
 # listing). A forget request, or new or removed data, therefore changes the params of the
 # affected shards' manifest jobs only, and Snakemake reruns those jobs and their dependants
 # (training, composition, evaluation, report) and nothing else.
-from pipeline_src.unlearning import check_forget_section, forgotten_in_shard, shard_members
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, shard_members
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -30,7 +31,7 @@ rule forget_manifest:
     log:
         f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     script:
-        "../scripts/forget_manifest.py"
+        "../scripts/step.py"
 
 
 # ---------------------------------------------------------------- the study
@@ -39,7 +40,7 @@ def _fraction_tag(f):
 
 
 def _study_cache_input(w):
-    from pipeline_src.method_kinds import feature_cache
+    from pipeline_src.methods.kinds import feature_cache
 
     cache = feature_cache(config["methods"][w.method])
     if config["features"]["cache"] and cache is not None:
@@ -50,7 +51,7 @@ def _study_cache_input(w):
 def unlearn_drop_inputs(w):
     inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
               "models": shard_models(w)}
-    if config["methods"][w.method]["kind"] == "taft":
+    if kind_of(config["methods"][w.method]).tangent:
         inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
     return inputs
 
@@ -81,7 +82,7 @@ rule unlearn_drop:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
     script:
-        "../scripts/unlearn_drop.py"
+        "../scripts/step.py"
 
 
 rule unlearn_retrain:
@@ -104,7 +105,7 @@ rule unlearn_retrain:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/unlearn_retrain.py"
+        "../scripts/step.py"
 
 
 rule unlearn_paragon:
@@ -128,7 +129,7 @@ rule unlearn_paragon:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/unlearn_paragon.py"
+        "../scripts/step.py"
 
 
 def unlearning_targets():
