@@ -52,7 +52,7 @@ def test_moves_rewrites_and_is_idempotent(tmp_path: Path):
     assert not (tmp_path / "pipeline_src/config.py").exists()
     assert "from pipeline_src.plan.config import" in read("workflow/rules/common.smk")
     assert read("pipeline_src/methods/registry.py") == "from pipeline_src.plan.sharding import shard_ids\n"
-    assert read("pipeline_src/store/export.py") == "from pipeline_src.methods.registry import build\n"
+    assert read("pipeline_src/methods/export.py") == "from pipeline_src.methods.registry import build\n"
     fuse = read("pipeline_src/steps/fusion/fuse.py")
     assert "from pipeline_src.reports import fusion as report_fusion" in fuse
     assert "from pipeline_src.store import atomic as at" in fuse

@@ -51,7 +51,7 @@ MODULES: dict[str, str] = {
     "query": "store.query",
     "audit": "store.audit",
     "benchmark_rows": "store.benchmark_rows",
-    "export": "store.export",
+    "export": "methods.export",
     # runner/: how a job starts
     "launch": "runner.launch",
     "forkserver": "runner.forkserver",
@@ -78,6 +78,10 @@ MODULES: dict[str, str] = {
     "steps.unlearn_drop": "steps.forget.drop",
     "steps.unlearn_retrain": "steps.forget.retrain",
     "steps.unlearn_paragon": "steps.forget.paragon",
+    # modules added on main beside the relayout
+    "backbone_check": "plan.backbone_check",
+    "environment": "plan.environment",
+    "private_provenance": "store.private_provenance",
 }
 
 # Old test module → new one, below `tests.`: tests mirror pipeline_src/; real Snakemake runs in e2e/.
@@ -122,6 +126,19 @@ TESTS: dict[str, str] = {
     "test_last_grid_study": "e2e.test_last_grid",
     "test_report_html": "e2e.test_report_html",
     "test_slurm": "e2e.test_slurm",
+    # test files added on main beside the relayout
+    "test_dp_release": "dp.test_release",
+    "test_dp_layerscale_fast": "dp.test_layerscale_fast",
+    "test_taft_backbones": "taft.test_backbones",
+    "test_matching_norm_refusal": "matching.test_norm_refusal",
+    "test_new_data_reruns": "e2e.test_new_data",
+    "test_reliability_atomic": "store.test_atomic",
+    "test_reliability_backbone": "plan.test_backbone_check",
+    "test_reliability_datasets": "plan.test_samples_checks",
+    "test_reliability_interrupt": "e2e.test_interrupt",
+    "test_reliability_workflow": "e2e.test_reliability",
+    "test_environment": "plan.test_environment",
+    "test_environment_golden": "e2e.test_golden",
 }
 
 PACKAGE_DOCS = {

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline_src.sharding import keyed_unit
+from pipeline_src.plan.sharding import keyed_unit
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
@@ -44,12 +44,24 @@ class SampleList:
     empty_classes: list[str] = field(default_factory=list)  # class folders without an image
 
 
+def digits_labels() -> list[int]:
+    """The labels of scikit-learn's `load_digits`, read from the CSV it ships (last column)
+    without importing scikit-learn: listing runs at parse time, where its import costs seconds."""
+    import gzip
+    from importlib.util import find_spec
+
+    spec = find_spec("sklearn")  # a top-level package: found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("dataset.source 'digits' needs scikit-learn installed")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt") as f:
+        return [int(float(line.rsplit(",", 1)[1])) for line in f if line.strip()]
+
+
 def list_samples(dataset_cfg: dict) -> SampleList:
     """List sample ids and classes without decoding any image."""
     if dataset_cfg["source"] == "digits":
-        from sklearn.datasets import load_digits
-
-        y = load_digits().target
+        y = digits_labels()
         return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None)
     root = Path(dataset_cfg["path"])
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())

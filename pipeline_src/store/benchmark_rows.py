@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from pipeline_src.plan.environment import fingerprint_json
 from pipeline_src.store.atomic import write_parquet
-from pipeline_src.store.environment import fingerprint_json
 from pipeline_src.store.provenance import git_commit
 
 BENCHMARK_SCHEMA = pa.schema([
@@ -33,7 +33,7 @@ BENCHMARK_SCHEMA = pa.schema([
     ("repeats", pa.int64()),
     ("commit", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
-    ("environment", pa.string()),    # JSON fingerprint: python, torch, cuda, cudnn, timm, ... (pipeline_src/environment.py)
+    ("environment", pa.string()),    # JSON fingerprint: python, torch, cuda, cudnn, timm, ... (pipeline_src/plan/environment.py)
 ])
 
 

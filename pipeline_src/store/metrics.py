@@ -25,7 +25,7 @@ with it NULL:
 | device | string | device the job ran on |
 | commit | string | git commit of the code |
 | created_at | timestamp[us, UTC] | when the row was written |
-| environment | string | JSON fingerprint of the versions that made the row (python, torch, cuda, cudnn, timm, opacus, snakemake, numpy, commit, dirty; `pipeline_src/environment.py`) |
+| environment | string | JSON fingerprint of the versions that made the row (python, torch, cuda, cudnn, timm, opacus, snakemake, numpy, commit, dirty; `pipeline_src/plan/environment.py`) |
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from pipeline_src.plan.environment import fingerprint_json
 from pipeline_src.store.atomic import write_parquet
-from pipeline_src.store.environment import fingerprint_json
 from pipeline_src.store.provenance import git_commit
 
 SCHEMA_VERSION = 2  # 2: + environment

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline_src.plan.environment import fingerprint
 from pipeline_src.store.atomic import atomic_path, write_json
-from pipeline_src.store.environment import fingerprint
 from pipeline_src.store.provenance import git_commit
 
 

@@ -1,26 +1,9 @@
 """Provenance: the git commit and a stable digest of tensors, recorded with every model."""
 from __future__ import annotations
 
-import functools
 import hashlib
-import subprocess
-from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-
-
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str:
-    """The commit of the checkout this package runs from ('unknown' outside git),
-    with '-dirty' when tracked files have uncommitted changes."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from pipeline_src.plan.environment import PACKAGE_ROOT, git_commit  # noqa: F401 (re-exported: recorded with models)
 
 
 def state_digest(state: dict) -> str:

@@ -66,3 +66,11 @@ def test_adding_or_removing_samples_moves_no_other_sample(image_folder):
     new = dict(zip(after["sample_id"], after["split"]))
     assert set(old) - set(new) == {"shapes/circle/img0.png"} and len(set(new) - set(old)) == 5
     assert all(new[i] == old[i] for i in set(old) & set(new))
+
+
+def test_digits_labels_equal_scikit_learns_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    from pipeline_src.plan.samples import digits_labels
+
+    assert digits_labels() == load_digits().target.tolist()

@@ -6,7 +6,7 @@ Three things, for the README's "Pinned environment" (issue 17):
   record, metrics row and benchmark row carries it.
 - `check_lock()`: the lock file (`requirements.lock`, `make lock`) must pin every requirement of
   `pyproject.toml` (its dependencies and the `test` extra) to a version inside the declared range,
-  with hashes. `make test` (so CI) runs it: `python -m pipeline_src.environment --check-lock`.
+  with hashes. `make test` (so CI) runs it: `python -m pipeline_src.plan.environment --check-lock`.
 - `lock_drift()`: installed versions that differ from the lock; `common.smk` warns about them
   once at start-up, since then the numbers may differ from the committed ones.
 
@@ -22,11 +22,26 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
-from pipeline_src.provenance import PACKAGE_ROOT, git_commit
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The commit of the checkout this package runs from ('unknown' outside git),
+    with '-dirty' when tracked files have uncommitted changes."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 LOCK_FILE = PACKAGE_ROOT / "requirements.lock"
 PYPROJECT = PACKAGE_ROOT / "pyproject.toml"
