@@ -1,26 +1,57 @@
 # Two commands do all the set-up:
-#   make study   install (once) and run the default study:  snakemake --cores $(CORES)
-#   make test    install (once) and run the test suite
+#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
+#   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
+# and three for the pinned environment (README "Pinned environment"):
+#   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
+#   make lock-upgrade   the same, moving every pin to the newest release that fits
+#   make golden  rerun the tiny study on the CPU and rewrite tests/golden/tiny_accuracy.csv
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
 BIN := $(VENV)/bin
+LOCK := requirements.lock
+# The lock is for this target: Linux x86-64 (glibc >= 2.28), CPython 3.11.
+LOCK_PYTHON := 3.11
+LOCK_PLATFORM := x86_64-manylinux_2_28
+# uv resolves the lock; it lives in its own venv, never in the project's.
+UV_VERSION := 0.13.9
+LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study test install clean-results
+.PHONY: study test install check-lock lock lock-upgrade golden clean-results
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install --require-hashes -r $(LOCK)
+	$(BIN)/pip install --no-deps -e .
 	touch $@
 
 install: $(BIN)/.installed
 
+check-lock: install
+	$(BIN)/python -m pipeline_src.environment --check-lock $(LOCK)
+
 study: install
 	$(BIN)/snakemake --cores $(CORES)
 
-test: install
+test: check-lock
 	$(BIN)/python -m pytest -q
+
+$(LOCKENV)/bin/uv:
+	$(PYTHON) -m venv $(LOCKENV)
+	$(LOCKENV)/bin/pip install uv==$(UV_VERSION)
+
+UV_COMPILE = $(LOCKENV)/bin/uv pip compile pyproject.toml --extra test --generate-hashes \
+	--python-version $(LOCK_PYTHON) --python-platform $(LOCK_PLATFORM) --custom-compile-command "make lock" --quiet -o $(LOCK)
+
+lock: $(LOCKENV)/bin/uv
+	$(UV_COMPILE)
+
+lock-upgrade: $(LOCKENV)/bin/uv
+	$(UV_COMPILE) --upgrade
+
+golden: install
+	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_environment_golden.py
 
 clean-results:
 	rm -rf results/* .snakemake

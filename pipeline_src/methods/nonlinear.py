@@ -34,6 +34,7 @@ class TailFineTune(nn.Module):
             p.requires_grad_(full)
         if not full:
             tail = [model.head] if k == 0 else [*model.blocks[self.start:], model.norm, model.fc_norm, model.head]
+            tail += [model.head_dist] if isinstance(getattr(model, "head_dist", None), nn.Module) else []  # DeiT distilled
             for module in tail:
                 for p in module.parameters():
                     p.requires_grad_(True)

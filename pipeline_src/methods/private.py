@@ -50,7 +50,8 @@ def regime_scope(model: nn.Module, kind: str) -> tuple[list[nn.Module], nn.Modul
         vit = model.model
         return nlft_scope(vit, len(vit.blocks) - model.start), vit.head
     if kind == "taft":
-        parts = [model.cls_delta, *model.blocks, model.norm, model.fc_norm, model.head]
+        parts = [model.cls_delta, *model.blocks, model.norm, model.fc_norm, model.head,
+                 getattr(model, "head_dist", None)]  # DeiT distilled: the dist token's head
         return [m for m in parts if m is not None], model.head.delta
     if kind == "last":
         return [model.side], model.side.head

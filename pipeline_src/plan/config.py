@@ -78,6 +78,31 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     return cfg
 
 
+def _check_external_backbone(bcfg: dict) -> None:
+    """A bad checkpoint or timm name must fail here: found in `pretrain`, it would cost the
+    previous backbone (Snakemake deletes a failed job's outputs)."""
+    from pipeline_src.backbone_check import check_torch_file, check_vit_keys, safetensors_header
+
+    if bcfg["timm_name"]:
+        import timm  # only for a timm name: the default study's parse stays free of torch
+
+        if not timm.is_model(bcfg["timm_name"]):
+            raise ConfigError(f"config key 'backbone.timm_name': '{bcfg['timm_name']}' is not a timm model "
+                              "(see timm.list_models())")
+    if bcfg["source"] != "checkpoint":
+        return
+    try:
+        if bcfg["checkpoint"].endswith(".safetensors"):
+            named = bcfg["timm_name"]  # a timm architecture has its own depth and width
+            arch = bcfg["arch"]
+            check_vit_keys(safetensors_header(bcfg["checkpoint"]), None if named else arch["depth"],
+                           None if named else arch["embed_dim"])
+        else:
+            check_torch_file(bcfg["checkpoint"])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"config key 'backbone.checkpoint': {bcfg['checkpoint']}: {e}") from None
+
+
 def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | None) -> None:
     depth = cfg["backbone"]["arch"]["depth"]
     if cfg["backbone"]["source"] == "pretrain":
@@ -97,6 +122,8 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
             raise ConfigError("config key 'backbone.checkpoint': required when backbone.source is 'checkpoint'")
         if not Path(ckpt).is_file():
             raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
+    if cfg["backbone"]["source"] != "pretrain":
+        _check_external_backbone(cfg["backbone"])
     if cfg["dataset"]["source"] == "imagefolder":
         root = cfg["dataset"]["path"]
         if not root or not Path(root).is_dir():
@@ -115,10 +142,14 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
     check_forget_section(cfg, check_ids=count_samples)
     n_train = None
     if count_samples:
-        n_train = _train_count(cfg, cache_dir)
+        try:
+            n_train = _train_count(cfg, cache_dir)
+        except ValueError as e:  # the dataset itself: unreadable root, empty class, unknown class
+            raise ConfigError(str(e)) from None
         for n in cfg["shards"]:
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
+        _check_no_empty_shard(cfg)
     check_privacy_config(cfg, n_train, cache_dir)
 
 
@@ -132,3 +163,17 @@ def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:
     key = {"dataset": cfg["dataset"], "seed": cfg["seed"], "sklearn": package_version("scikit-learn"),
            "code": hashlib.sha256(Path(samples.__file__).read_bytes()).hexdigest()}
     return cached(cache_dir, "train_count", key, lambda: count_train_samples(cfg))
+
+
+def _check_no_empty_shard(cfg: dict) -> None:
+    """Keyed-hash shards are balanced in expectation only: refuse a shard count that leaves one empty."""
+    from pipeline_src.plan.forget import samples_table, train_ids
+    from pipeline_src.plan.sharding import shard_manifest
+
+    train = train_ids(samples_table(cfg))
+    for n in cfg["shards"]:
+        for seed in cfg["seeds"]:
+            try:
+                shard_manifest(train, n, seed)
+            except ValueError as e:
+                raise ConfigError(f"config key 'shards': {e}") from None

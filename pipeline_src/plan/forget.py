@@ -149,6 +149,26 @@ def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[st
     return _forgotten_in(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], str(path), shards, seed).get(shard, [])
 
 
+@lru_cache(maxsize=64)
+def _shard_members(dataset_key: str, data_seed: int, shards: int, seed: int) -> tuple[tuple[str, ...], ...]:
+    from pipeline_src.sharding import shard_ids, shard_manifest
+
+    manifest = shard_manifest(train_ids(_samples_of(dataset_key, data_seed)), shards, seed)
+    return tuple(tuple(shard_ids(manifest, i)) for i in range(shards))
+
+
+def shard_members(cfg: dict, shards: int, seed: int, shard: int) -> list[str]:
+    """One shard's training ids minus the forgotten ones, from the config alone (DAG-build time):
+    the `params` of that shard's manifest job, which has no input files. So new, removed or
+    forgotten samples rerun exactly the manifest jobs (and the training) of the shards they fall
+    into (keyed-hash sharding), whatever else reruns."""
+    import json
+
+    members = _shard_members(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], shards, seed)[shard]
+    drop = set(forgotten_in_shard(cfg, shards, seed, shard))
+    return [i for i in members if i not in drop]
+
+
 def remove_ids(table: pa.Table, forgotten: Sequence[str]) -> pa.Table:
     """The manifest rows whose sample id is not forgotten."""
     drop = set(forgotten)

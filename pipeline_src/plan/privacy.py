@@ -37,9 +37,15 @@ def privacy_methods(cfg: dict) -> list[str]:
     return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).private]
 
 
-def shard_sizes(n_train: int, shards: int) -> list[int]:
-    """The distinct shard sizes of `pipeline_src.plan.sharding.shard_manifest` (they differ by at most 1)."""
-    return sorted({n_train // shards, -(-n_train // shards)})
+def shard_sizes(cfg: dict, shards: int) -> list[int]:
+    """The distinct sizes of the `shards`-way split's shards over every seed of the study
+    (`pipeline_src.plan.sharding`: keyed-hash shards, balanced in expectation only)."""
+    from pipeline_src.plan.forget import samples_table, train_ids
+    from pipeline_src.plan.sharding import shard_manifest
+    from pipeline_src.plan.sharding import shard_sizes as sizes_of
+
+    train = train_ids(samples_table(cfg))
+    return sorted({s for seed in cfg["seeds"] for s in sizes_of(shard_manifest(train, shards, seed), shards)})
 
 
 def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path | None = None) -> None:
@@ -74,24 +80,29 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
     if not p["delta"] < 1.0 / n_train:
         raise _error("privacy.delta", f"{p['delta']} must be below 1/N = {1.0 / n_train:.3g} "
                      f"(N = {n_train} training samples); otherwise releasing one sample whole meets the guarantee")
+    sizes = {}
     for j, n in enumerate(p["shards"]):
         if n > n_train:
             raise _error(f"privacy.shards[{j}]", f"{n} shards but only {n_train} training samples")
-        if p["batch_size"] > n_train // n:
-            raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({n_train // n} samples "
+        try:
+            sizes[n] = shard_sizes(cfg, n)
+        except ValueError as e:  # a shard left empty
+            raise _error(f"privacy.shards[{j}]", str(e)) from None
+        if p["batch_size"] > sizes[n][0]:
+            raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({sizes[n][0]} samples "
                          f"for privacy.shards[{j}] = {n}): the Poisson sampling rate would exceed 1")
-    key = {"privacy": p, "n_train": n_train, "opacus": package_version("opacus"),
+    key = {"privacy": p, "sizes": sizes, "opacus": package_version("opacus"),
            "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
-    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, n_train) or "feasible")
+    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes) or "feasible")
 
 
-def _check_budgets(p: dict, n_train: int) -> None:
+def _check_budgets(p: dict, sizes: dict[int, list[int]]) -> None:
     """Every (ε, shard size) must be reachable by some σ within the planned steps."""
     # Opacus directly, not pipeline_src.dp (whose import pulls in timm and the samplers): parse time matters.
     from opacus.accountants import create_accountant
 
     # steps per epoch as pipeline_src.dp.budget.steps_per_epoch: ceil(n / batch_size), rate 1/that
-    plans = {(-(-s // p["batch_size"]), n) for n in p["shards"] for s in shard_sizes(n_train, n)}
+    plans = {(-(-s // p["batch_size"]), n) for n in p["shards"] for s in sizes[n]}
     for i, eps in enumerate(p["epsilons"]):
         for spe, n in sorted(plans):
             steps = spe * p["epochs"]

@@ -6,16 +6,20 @@ Two sources share one code path after listing:
 
 Classes in `dataset.source_classes` form the *source* task (used to pretrain the embedded
 backbone); the remaining classes, relabelled 0..K-1 in sorted order, form the *target* task
-that every fine-tuning method trains on. Splits are stratified and seeded, so the same config
-always gives the same table.
+that every fine-tuning method trains on. Splits come from a keyed hash of each sample id (seeded,
+stratified in expectation), so the same config always gives the same table and new samples
+never move old ones.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from pipeline_src.sharding import keyed_unit
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
@@ -36,6 +40,8 @@ class SampleList:
     sample_ids: list[str]
     class_names: list[str]      # per sample
     paths: list[str] | None     # per sample, for image files
+    skipped: list[str] = field(default_factory=list)       # files that are not images (by suffix)
+    empty_classes: list[str] = field(default_factory=list)  # class folders without an image
 
 
 def list_samples(dataset_cfg: dict) -> SampleList:
@@ -50,13 +56,23 @@ def list_samples(dataset_cfg: dict) -> SampleList:
     if not classes:
         raise ValueError(f"dataset.path {root}: no class folders found")
     ids, names, paths = [], [], []
+    skipped = [str(f) for f in sorted(root.iterdir()) if f.is_file()]  # beside the class folders
+    empty = []
     for c in classes:
-        for f in sorted((root / c).rglob("*")):
-            if f.suffix.lower() in IMAGE_SUFFIXES:
-                ids.append(f"{root.name}/{c}/{f.relative_to(root / c).as_posix()}")
-                names.append(c)
-                paths.append(str(f))
-    return SampleList(ids, names, paths)
+        files = [f for f in sorted((root / c).rglob("*")) if f.is_file()]
+        images = [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES]
+        skipped += [str(f) for f in files if f.suffix.lower() not in IMAGE_SUFFIXES]
+        if not images:
+            empty.append(c)
+        for f in images:
+            ids.append(f"{root.name}/{c}/{f.relative_to(root / c).as_posix()}")
+            names.append(c)
+            paths.append(str(f))
+    if empty and not dataset_cfg.get("allow_empty_classes", False):
+        # Dropping it silently would change the label count, and every label after it.
+        raise ValueError(f"config key 'dataset.path': class folders without images in {root}: {empty} "
+                         "(set dataset.allow_empty_classes: true to drop them)")
+    return SampleList(ids, names, paths, skipped, empty)
 
 
 def _class_order(names: list[str]) -> list[str]:
@@ -66,7 +82,13 @@ def _class_order(names: list[str]) -> list[str]:
 
 
 def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table:
-    """Build the samples table: task, stratified seeded split and label per sample."""
+    """Build the samples table: task, split and label per sample.
+
+    The split of a sample is a function of its own id: u = keyed_unit(id, 'split/<seed>'),
+    test if u < test_fraction, val if u < test_fraction + val_fraction, else train. So the
+    fractions hold per class in expectation, and adding or removing a sample never moves
+    another one between splits (or shards: `sharding`).
+    """
     source = {str(c) for c in dataset_cfg["source_classes"]}
     order = _class_order(samples.class_names)
     unknown = source - set(order)
@@ -76,17 +98,10 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
                  for t in ("source", "target")}
     n = len(samples.sample_ids)
     task = np.array(["source" if c in source else "target" for c in samples.class_names])
-    split = np.empty(n, dtype=object)
-    rng = np.random.default_rng(seed)
-    names = np.array(samples.class_names)
-    for c in order:
-        idx = np.flatnonzero(names == c)
-        idx = idx[rng.permutation(len(idx))]
-        n_test = int(round(len(idx) * dataset_cfg["test_fraction"]))
-        n_val = int(round(len(idx) * dataset_cfg["val_fraction"]))
-        split[idx[:n_test]] = "test"
-        split[idx[n_test:n_test + n_val]] = "val"
-        split[idx[n_test + n_val:]] = "train"
+    test_end = dataset_cfg["test_fraction"]
+    val_end = test_end + dataset_cfg["val_fraction"]
+    u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
+    split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     label = [labels_of[t][c] for t, c in zip(task, samples.class_names)]
     return pa.Table.from_pydict({
         "sample_id": samples.sample_ids,
@@ -100,6 +115,28 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
 
 def count_train_samples(cfg: dict) -> int:
     """Number of target-task training samples the config yields (no image decoding)."""
-    table = assign_splits(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])
+    samples = list_samples(cfg["dataset"])
+    table = assign_splits(samples, cfg["dataset"], cfg["seed"])
+    print(dataset_summary(cfg["dataset"], samples, table), file=sys.stderr)  # shown at validation
     task, split = table.column("task").to_pylist(), table.column("split").to_pylist()
     return sum(t == "target" and s == "train" for t, s in zip(task, split))
+
+
+def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> str:
+    """One line: classes and images per task and split, and what listing skipped or dropped."""
+    rows = list(zip(table.column("task").to_pylist(), table.column("split").to_pylist()))
+    parts = []
+    for task in ("target", "source"):
+        n_classes = len({c for c, (t, _) in zip(samples.class_names, rows) if t == task})
+        if n_classes:
+            counts = "/".join(str(sum(r == (task, s) for r in rows)) for s in ("train", "val", "test"))
+            parts.append(f"{task} {n_classes} classes, train/val/test {counts} images")
+    line = f"dataset {dataset_cfg['source']}: {len(set(samples.class_names))} classes; " + "; ".join(parts)
+    if samples.paths is not None:
+        line += f"; {len(samples.skipped)} non-image files skipped"
+        if samples.skipped:
+            line += f" (e.g. {samples.skipped[0]})"
+    if samples.empty_classes:
+        line += f"; empty class folders dropped: {samples.empty_classes}"
+    return line
+

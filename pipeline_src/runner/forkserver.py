@@ -1,15 +1,18 @@
 """A fork server that removes the per-job start-up cost of local runs.
 
 Importing torch and timm takes seconds, longer than a tiny shard job's training. Locally, the
-first job starts one server process (per user, interpreter and checkout) that imports the heavy
-libraries once and then forks a fresh child for every job. The child runs the step in the job's
-working directory and environment (so a GPU assigned through `CUDA_VISIBLE_DEVICES` still
-applies) with stdout/stderr in the job's log, and reports its exit status back. `pipeline_src`
-itself is imported only in the children, so code changes apply to the next job at once.
+first job starts one server process (per user, interpreter, package folder and digest of the
+package's code, so a job never runs another checkout's or an older version's code) that imports
+the heavy libraries once and then forks a fresh child for every job. The child runs the step in
+the job's working directory, environment, umask and import path (so a GPU assigned through
+`CUDA_VISIBLE_DEVICES` still applies) with stdout/stderr in the job's log, and reports its exit
+status back.
 
-The server never starts threads or CUDA before forking, and exits after `IDLE_SECONDS`
-without jobs. Set `PIPELINE_FORKSERVER=0` to run every step in its own process (cluster jobs,
-or exact per-job resource accounting in Snakemake's `benchmark:` files).
+The server never starts threads or CUDA before forking. When a job's client dies (Snakemake
+killed) the server kills that job's child, so no orphan writes results behind a rerun, and then
+exits if no other job runs; otherwise it exits after `IDLE_SECONDS` without jobs. Set
+`PIPELINE_FORKSERVER=0` to run every step in its own process (cluster jobs, or exact per-job
+resource accounting in Snakemake's `benchmark:` files).
 """
 from __future__ import annotations
 
@@ -32,11 +35,21 @@ IDLE_SECONDS = 120
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
            "jsonschema", "yaml", "scipy.optimize")
 _HEADER = struct.Struct("!Q")
+_DONE = b"\x01"  # client -> server after it received the exit status; EOF without it: the client died
+
+
+def code_digest(package: Path) -> str:
+    """SHA-1 of the package's Python files (names and bytes): a few ms for this package."""
+    h = hashlib.sha1()
+    for f in sorted(package.rglob("*.py")):
+        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def socket_path() -> Path:
-    """One server per user, Python interpreter and checkout."""
-    key = f"{sys.executable}|{Path(__file__).resolve().parent}|{os.getuid()}"
+    """One server per user, Python interpreter, package folder and version of its code."""
+    package = Path(__file__).resolve().parent
+    key = f"{sys.executable}|{package}|{code_digest(package)}|{os.getuid()}"
     return Path(tempfile.gettempdir()) / f"vitpipe-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock"
 
 
@@ -71,39 +84,65 @@ def serve(path: Path) -> None:
     server.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     last = time.monotonic()
-    children: set[int] = set()
+    jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection
     try:
         while True:
-            ready, _, _ = select.select([server], [], [], 5.0)
-            for pid in list(children):  # reap finished children
+            ready, _, _ = select.select([server, *jobs.values()], [], [], 1.0)
+            for pid in list(jobs):  # reap finished children; closing tells a client whose child died
                 if os.waitpid(pid, os.WNOHANG)[0]:
-                    children.discard(pid)
-            if ready:
+                    jobs.pop(pid).close()
+            died = 0
+            for pid in [pid for pid, conn in jobs.items() if conn in ready]:
+                conn = jobs.pop(pid)
+                try:
+                    got = conn.recv(1)
+                except OSError:  # reset: the client died with the exit status unread
+                    got = b""
+                if got == _DONE:  # the client got its exit status; the child is exiting
+                    os.waitpid(pid, 0)
+                else:  # EOF: the client died (Snakemake killed); stop its job before a rerun starts
+                    if not os.waitpid(pid, os.WNOHANG)[0]:
+                        os.killpg(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    died += 1
+                conn.close()
+            if died and not jobs:
+                break
+            if server in ready:
                 conn, _ = server.accept()
+                try:
+                    conn.settimeout(10.0)
+                    request = _recv(conn)
+                    conn.settimeout(None)
+                except (OSError, ConnectionError):
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     server.close()
-                    _child(conn)  # never returns
-                conn.close()
-                children.add(pid)
+                    for other in jobs.values():  # so a client sees EOF as soon as its own child dies
+                        other.close()
+                    _child(conn, request)  # never returns
+                jobs[pid] = conn
                 last = time.monotonic()
-            elif not children and time.monotonic() - last > IDLE_SECONDS:
+            elif not jobs and time.monotonic() - last > IDLE_SECONDS:
                 break
     finally:
         if path.exists():
             path.unlink()
 
 
-def _child(conn: socket.socket) -> None:
+def _child(conn: socket.socket, request: dict) -> None:
     code = 1
     try:
         os.setsid()
-        request = _recv(conn)
         _send(conn, os.getpid())
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
+        os.umask(request["umask"])
+        # The job's import path first, in its order: its own workflow's package wins.
+        sys.path[:] = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
         from pipeline_src.runner.execute import execute
 
         code = execute(request["step"], request["args"])
@@ -139,7 +178,9 @@ def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
             return sock
         if path.exists():
             path.unlink()  # stale socket of a dead server
+        # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
         subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.forkserver", str(path)], start_new_session=True,
+                         cwd=Path(__file__).resolve().parent.parent,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         deadline = time.monotonic() + wait_s
@@ -157,7 +198,10 @@ def run_in_server(step: str, args) -> int | None:
     if sock is None:
         return None
     with sock:
-        _send(sock, {"step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": sys.path})
+        umask = os.umask(0o022)
+        os.umask(umask)
+        _send(sock, {"step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": sys.path,
+                     "umask": umask})
         child = _recv(sock)
 
         def forward(signum, _frame):  # Snakemake cancelling the job stops the child too
@@ -167,9 +211,14 @@ def run_in_server(step: str, args) -> int | None:
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         try:
-            return int(_recv(sock))
+            code = int(_recv(sock))
         except ConnectionError:
             return 1  # the child died without reporting (e.g. killed for memory)
+        try:
+            sock.sendall(_DONE)
+        except OSError:
+            pass
+        return code
 
 
 if __name__ == "__main__":

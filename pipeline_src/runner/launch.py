@@ -21,8 +21,21 @@ from pipeline_src.runner.gpu_slots import acquire_gpu
 from pipeline_src.runner.step_args import from_snakemake
 
 
+def _check_own_code(scriptdir: str | None) -> None:
+    """Refuse to run another checkout's package than the workflow's that scheduled the job
+    (`workflow/rules/common.smk` puts the workflow first on PYTHONPATH, so this is a guard)."""
+    if not scriptdir or not Path(scriptdir).is_dir():  # e.g. a remote workflow's URL
+        return
+    workflow_pkg = Path(scriptdir).resolve().parent.parent / "pipeline_src"  # <root>/workflow/scripts
+    here = Path(__file__).resolve().parent
+    if workflow_pkg.is_dir() and workflow_pkg != here:
+        raise SystemExit(f"job of the workflow in {workflow_pkg.parent} imported pipeline_src from {here}; "
+                         f"put {workflow_pkg.parent} first on PYTHONPATH")
+
+
 def run_step(step: str, smk) -> None:
     """Run `pipeline_src.steps.<step>.main` for the job described by Snakemake's object."""
+    _check_own_code(getattr(smk, "scriptdir", None))
     args = from_snakemake(smk)
     with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
         code = None

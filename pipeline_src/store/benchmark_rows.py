@@ -19,6 +19,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from pipeline_src.store.atomic import write_parquet
+from pipeline_src.store.environment import fingerprint_json
 from pipeline_src.store.provenance import git_commit
 
 BENCHMARK_SCHEMA = pa.schema([
@@ -32,6 +33,7 @@ BENCHMARK_SCHEMA = pa.schema([
     ("repeats", pa.int64()),
     ("commit", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    ("environment", pa.string()),    # JSON fingerprint: python, torch, cuda, cudnn, timm, ... (pipeline_src/environment.py)
 ])
 
 
@@ -111,6 +113,7 @@ def benchmark_row(benchmark: str, case: str, device: str, sizes: dict, times: li
         "repeats": len(times),
         "commit": git_commit(),
         "created_at": datetime.now(timezone.utc),
+        "environment": fingerprint_json(),
     }
 
 

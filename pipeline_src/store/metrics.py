@@ -1,7 +1,8 @@
 """The metrics table: one Parquet file per job under `results/metrics/`, one row per metric.
 
-Schema version 1 (columns are only ever added, never renamed; readers use
-`read_parquet(..., union_by_name=true)`):
+Schema version 2 (columns are only ever added, never renamed; readers use
+`read_parquet(..., union_by_name=true)`). Version 2 added `environment`; version-1 files read
+with it NULL:
 
 | column | type | meaning |
 |---|---|---|
@@ -24,6 +25,7 @@ Schema version 1 (columns are only ever added, never renamed; readers use
 | device | string | device the job ran on |
 | commit | string | git commit of the code |
 | created_at | timestamp[us, UTC] | when the row was written |
+| environment | string | JSON fingerprint of the versions that made the row (python, torch, cuda, cudnn, timm, opacus, snakemake, numpy, commit, dirty; `pipeline_src/environment.py`) |
 """
 from __future__ import annotations
 
@@ -35,9 +37,10 @@ import pyarrow as pa
 import torch
 
 from pipeline_src.store.atomic import write_parquet
+from pipeline_src.store.environment import fingerprint_json
 from pipeline_src.store.provenance import git_commit
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: + environment
 
 METRICS_SCHEMA = pa.schema([
     ("schema_version", pa.int32()),
@@ -59,6 +62,7 @@ METRICS_SCHEMA = pa.schema([
     ("device", pa.string()),
     ("commit", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    ("environment", pa.string()),
 ])
 
 
@@ -73,7 +77,8 @@ def metric_rows(values: dict[str, float], *, context: dict, device: torch.device
     """One row per metric; `context` holds the identifying columns (experiment ... num_samples)."""
     common = {
         "schema_version": SCHEMA_VERSION, "wall_time_s": wall_time_s, "peak_mem_mb": peak_memory_mb(device),
-        "device": str(device), "commit": git_commit(), "created_at": datetime.now(timezone.utc), **context,
+        "device": str(device), "commit": git_commit(), "created_at": datetime.now(timezone.utc),
+        "environment": fingerprint_json(), **context,
     }
     return [{**common, "metric": m, "value": float(v)} for m, v in values.items()]
 

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline_src.store.atomic import atomic_path, write_json
+from pipeline_src.store.environment import fingerprint
 from pipeline_src.store.provenance import git_commit
 
 
@@ -18,7 +19,8 @@ def save_model(state: dict[str, torch.Tensor], record: dict, weights_path: str |
     weights_path = Path(weights_path)
     with atomic_path(weights_path) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
-    record = {**record, "commit": git_commit(), "created_at": datetime.now(timezone.utc).isoformat()}
+    record = {**record, "commit": git_commit(), "created_at": datetime.now(timezone.utc).isoformat(),
+              "environment": fingerprint()}
     write_json(record, record_path(weights_path))
 
 

@@ -5,9 +5,10 @@
 | metrics | `results/metrics/**/*.parquet` (schema in `pipeline_src/store/metrics.py`) |
 | benchmarks | `results/benchmarks/**/*.parquet` (schema in `pipeline_src/store/benchmark_rows.py`) |
 | models | the JSON records beside every trained/composed model (`results/{train,compose}/**/*.json`) |
-| manifests | shard manifests `results/split/**/manifest.parquet`, with the file name |
+| manifests | shard manifests `results/split/**/shard*.parquet` (each shard's training ids), with the file name |
 | samples | `results/prepare/samples.parquet` |
 | jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
+| environments | one row per environment fingerprint of the metrics rows (`pipeline_src/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
 Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
 every column of the current schema: files written by an older schema version (columns are only
@@ -28,13 +29,24 @@ VIEWS = {
     "metrics": ("metrics/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "benchmarks": ("benchmarks/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "models": ("{train,compose}/**/*.json", None),
-    "manifests": ("split/**/manifest.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
+    "manifests": ("split/**/shard*.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
     "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
     "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
 }
 
 
 SCHEMAS = {"metrics": METRICS_SCHEMA, "benchmarks": BENCHMARK_SCHEMA}
+
+# Metrics grouped by the environment that made them; rows of schema version 1 (no fingerprint)
+# form one group with NULL fields.
+ENVIRONMENTS_VIEW = """CREATE OR REPLACE VIEW environments AS SELECT
+    environment->>'python' AS python, environment->>'torch' AS torch, environment->>'cuda' AS cuda,
+    environment->>'cudnn' AS cudnn, environment->>'timm' AS timm, environment->>'opacus' AS opacus,
+    environment->>'snakemake' AS snakemake, environment->>'numpy' AS numpy,
+    environment->>'commit' AS commit, CAST(environment->>'dirty' AS BOOLEAN) AS dirty,
+    count(*) AS metric_rows, count(DISTINCT experiment) AS experiments,
+    min(created_at) AS first_created, max(created_at) AS last_created, environment
+FROM metrics GROUP BY environment"""
 
 
 def _matches(results: Path, pattern: str) -> bool:
@@ -60,4 +72,6 @@ def connect(results_dir: str | Path = "results", database: str = ":memory:") -> 
                         + f" UNION ALL BY NAME SELECT * FROM _{name}_schema")
         else:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS " + sql.format(g=str(results / pattern)))
+    if _matches(results, VIEWS["metrics"][0]):
+        con.execute(ENVIRONMENTS_VIEW)
     return con

@@ -208,7 +208,7 @@ def test_bk_uncovered_module_raises_naming_it():
     x = torch.randn(20, 1, 16, 16, dtype=torch.float64)
     with pytest.raises(NotImplementedError, match="Conv2d"):
         train_private(model, x, torch.zeros(20, dtype=torch.long), epochs=1, batch_size=5, lr=0.1, epsilon=2.0,
-                      delta=1e-3, max_grad_norm=1.0, seed=0, mode="bk")
+                      delta=1e-3, max_grad_norm=1.0, mode="bk")
     from timm.layers import LayerScale
 
     with pytest.raises(NotImplementedError, match="in-place"):

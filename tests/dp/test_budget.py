@@ -41,7 +41,7 @@ def test_infeasible_budget_fails_before_training(kwargs, match):
     apply_regime(model, "fc", nlft_scope(model))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     calls = []
-    args = dict(epochs=1, batch_size=10, lr=0.1, epsilon=1.0, delta=1e-3, max_grad_norm=1.0, seed=0)
+    args = dict(epochs=1, batch_size=10, lr=0.1, epsilon=1.0, delta=1e-3, max_grad_norm=1.0)
     args.update(kwargs)
     x = torch.randn(100, 1, 16, 16, dtype=torch.float64)
     y = torch.randint(0, 5, (100,))

@@ -8,7 +8,7 @@ from pipeline_src.dp import check_fast_supported, train_private
 from pipeline_src.last import features as features_mod
 from pipeline_src.last import side_network as last
 from tests.conftest import tiny_vit
-from tests.dp.test_reference import assert_norms_match, ce
+from tests.dp.test_reference import assert_norms_match, ce, fixed_coins
 
 
 def _side_and_features(n: int = 6):
@@ -35,7 +35,7 @@ def test_side_network_dp_training_fast_and_bk_equal_hooks():
     for mode in ("fast", "bk", "hooks"):
         side, feats, y = _side_and_features(n=24)
         states[mode], rec = train_private(side, feats, y, loss_fn=ce, epochs=1, batch_size=6, lr=0.5, epsilon=3.0,
-                                          delta=1e-2, max_grad_norm=0.1, seed=0, mode=mode)
+                                          delta=1e-2, max_grad_norm=0.1, **fixed_coins(0), mode=mode)
         assert rec["steps_taken"] == 4
     for n, t in states["fast"].items():
         torch.testing.assert_close(t, states["hooks"][n], rtol=1e-7, atol=1e-9, msg=n)

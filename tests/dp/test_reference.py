@@ -76,3 +76,10 @@ def test_microbatch_reference_sums_to_batch_gradient():
     ce(model(x), y).mean().backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(per[n].mean(0), p.grad, rtol=1e-9, atol=1e-12)
+
+
+def fixed_coins(seed: int) -> dict:
+    """Replayable noise and sampling generators (two streams), so tests can compare clipping modes
+    on the same coins; a release never passes these (train_private then draws secret ones)."""
+    return {"noise_generator": torch.Generator().manual_seed(seed),
+            "sampler_generator": torch.Generator().manual_seed(seed + 1)}

@@ -8,7 +8,7 @@ import torch
 
 from pipeline_src.dp import REGIMES, apply_regime, epsilon_for, nlft_scope, train_private
 from tests.conftest import tiny_vit
-from tests.dp.test_reference import ce
+from tests.dp.test_reference import ce, fixed_coins
 
 
 def _run(mode: str, regime: str = "full"):
@@ -19,7 +19,7 @@ def _run(mode: str, regime: str = "full"):
     y = torch.randint(0, 5, (40,), generator=g)
     steps = []
     state, rec = train_private(model, x, y, loss_fn=ce, epochs=2, batch_size=10, lr=0.5, epsilon=4.0, delta=1e-3,
-                               max_grad_norm=0.5, seed=7, mode=mode, progress=steps.append)
+                               max_grad_norm=0.5, **fixed_coins(7), mode=mode, progress=steps.append)
     return model, state, rec, steps
 
 
@@ -72,7 +72,7 @@ def test_unknown_mode_and_regime_raise():
     x = torch.randn(20, 1, 16, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match="unknown DP mode"):
         train_private(model, x, torch.zeros(20, dtype=torch.long), epochs=1, batch_size=5, lr=0.1, epsilon=2.0,
-                      delta=1e-3, max_grad_norm=1.0, seed=0, mode="turbo")
+                      delta=1e-3, max_grad_norm=1.0, mode="turbo")
 
 
 def test_loss_fn_must_be_per_example():
@@ -81,7 +81,7 @@ def test_loss_fn_must_be_per_example():
     x = torch.randn(20, 1, 16, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match="one loss per example"):
         train_private(model, x, torch.zeros(20, dtype=torch.long), loss_fn=lambda o, y: ce(o, y).mean(),
-                      epochs=1, batch_size=5, lr=0.1, epsilon=2.0, delta=1e-3, max_grad_norm=1.0, seed=0)
+                      epochs=1, batch_size=5, lr=0.1, epsilon=2.0, delta=1e-3, max_grad_norm=1.0)
 
 
 def test_empty_poisson_batches_still_step_and_modes_agree():
@@ -94,7 +94,7 @@ def test_empty_poisson_batches_still_step_and_modes_agree():
         y = torch.randint(0, 5, (20,), generator=g)
         log = []
         states[mode], rec = train_private(model, x, y, epochs=1, batch_size=1, lr=0.1, epsilon=8.0, delta=1e-2,
-                                          max_grad_norm=1.0, seed=0, mode=mode, progress=log.append)
+                                          max_grad_norm=1.0, **fixed_coins(0), mode=mode, progress=log.append)
         sizes[mode] = [d["batch"] for d in log]
         assert rec["steps_taken"] == 20
     assert 0 in sizes["fast"] and sizes["fast"] == sizes["hooks"] == sizes["bk"]  # q = 1/20: empty batches occur

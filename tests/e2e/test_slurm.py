@@ -37,7 +37,7 @@ SLURM_RULES = {"train", "compose", "evaluate_shard", "evaluate_soup", "evaluate_
 FULL = os.environ.get("PIPELINE_SLURM_TEST_FULL") == "1"
 REQUIRED = os.environ.get("PIPELINE_REQUIRE_SLURM") == "1"
 if FULL:  # the whole study also sends the data, pretraining, study and report jobs to Slurm
-    SLURM_RULES |= {"prepare", "pretrain", "split", "features", "report"}
+    SLURM_RULES |= {"prepare", "pretrain", "features", "report"}
 
 
 def slurm_state() -> str | None:

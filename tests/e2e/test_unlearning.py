@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -132,6 +133,11 @@ def _request(study: Path, ids: list[str], name: str) -> Path:
     return study / f"{name}.yaml"
 
 
+def _manifest(study: Path, n: int) -> pa.Table:
+    """The whole N-way split: the shards' manifests (rule forget_manifest) together."""
+    return pa.concat_tables([pq.read_table(study / f"results/split/n{n}_s0/shard{i}.parquet") for i in range(n)])
+
+
 def _mtimes(study: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in (study / "results").rglob("*") if p.is_file()}
 
@@ -140,7 +146,7 @@ def test_bad_requests_fail_before_any_change(study):
     samples = pq.read_table(study / "results/prepare/samples.parquet").to_pydict()
     test_id = next(i for i, t, s in zip(samples["sample_id"], samples["task"], samples["split"])
                    if t == "target" and s == "test")
-    train_id = shard_ids(pq.read_table(study / "results/split/n2_s0/manifest.parquet"), 0)[0]
+    train_id = shard_ids(_manifest(study, 2), 0)[0]
     before = _mtimes(study)
     for ids, named in (([train_id, test_id], test_id), ([train_id, train_id], train_id), (["digits/5/99999"], "digits/5/99999")):
         proc = snakemake(study, *TARGETS, "--cores", "2", "--configfile", str(_request(study, ids, "bad")), check=False)
@@ -150,9 +156,9 @@ def test_bad_requests_fail_before_any_change(study):
 
 
 def test_dry_run_after_a_forget_request_plans_only_affected_shards(study):
-    n2 = pq.read_table(study / "results/split/n2_s0/manifest.parquet")
+    n2 = _manifest(study, 2)
     ids = shard_ids(n2, 1)[:2]  # both in shard 1 of n2_s0
-    n3 = pq.read_table(study / "results/split/n3_s0/manifest.parquet")
+    n3 = _manifest(study, 3)
     hit3 = set(forgotten_by_shard(n3, ids))
     config = _request(study, ids, "forget")
     outputs = " ".join(planned_outputs(snakemake(study, *TARGETS, "-n", "--cores", "2", "--configfile", str(config))))

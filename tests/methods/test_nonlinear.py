@@ -33,3 +33,17 @@ def test_registry_refuses_duplicates_and_unknown_kinds():
         register_method(get_method("fc"))
     with pytest.raises(ValueError, match="unknown method kind 'lora'"):
         get_method("lora")
+
+
+def test_nlft_on_deit_distilled_trains_both_heads():
+    """timm's distilled DeiT averages `head` and `head_dist` at eval: both must train."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    from pipeline_src.finetune import TailFineTune
+
+    base = VisionTransformerDistilled(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2,
+                                      num_heads=4)
+    tuned = TailFineTune(base, k=1)
+    trainable = {n for n, p in tuned.named_parameters() if p.requires_grad}
+    assert {"model.head_dist.weight", "model.head.weight", "model.blocks.1.attn.qkv.weight"} <= trainable
+    assert "model.blocks.0.attn.qkv.weight" not in trainable

@@ -65,10 +65,10 @@ def old_study(results: Path) -> None:
 
 def test_the_frozen_old_schema_is_a_prefix_of_the_current_one():
     # Columns are only ever added: every old column keeps its name and type.
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2  # 2 added `environment` (issue 17)
     for field in SCHEMA_V1_INITIAL:
         assert METRICS_SCHEMA.field(field.name).type == field.type, field.name
-    assert set(METRICS_SCHEMA.names) - set(SCHEMA_V1_INITIAL.names) == {"variant"}
+    assert set(METRICS_SCHEMA.names) - set(SCHEMA_V1_INITIAL.names) == {"variant", "environment"}
 
 
 def test_old_and_current_files_read_together(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Attention, LayerNorm, LayerScale, Mlp
+from timm.layers import Attention, LayerNorm, LayerScale, Mlp, RmsNorm
 from timm.layers.activations import GELUTanh
 from timm.models.vision_transformer import Block
 from torch.func import functional_call, jvp
@@ -153,7 +153,7 @@ def test_delta_modules_are_standard_and_bases_frozen() -> None:
     (lambda: TangentLinear(nn.Conv1d(2, 2, 1)), "Conv1d"),
     (lambda: TangentLayerNorm(nn.LayerNorm(D, elementwise_affine=False)), "affine"),
     (lambda: TangentGELU(nn.ReLU()), "ReLU"),
-    (lambda: TangentAttention(Attention(D, 4, qk_norm=True, norm_layer=nn.LayerNorm)), "qk_norm"),
+    (lambda: TangentAttention(Attention(D, 4, qk_norm=True, norm_layer=RmsNorm)), r"qk_norm=True with RmsNorm"),
     (lambda: TangentMlp(Mlp(D, 2 * D, norm_layer=nn.LayerNorm)), "mlp.norm"),
 ])
 def test_unsupported_layers_raise(bad, match: str) -> None:

@@ -181,7 +181,7 @@ def test_each_delta_module_called_once() -> None:
 @pytest.mark.parametrize("kw, k, match", [
     (dict(), 0, "k must be"),
     (dict(), 3, "k must be"),
-    (dict(qk_norm=True), 1, "qk_norm"),
+    (dict(qk_norm=True, scale_attn_norm=True), 1, "scale_attn_norm"),  # LayerNorm qk_norm alone is supported
     (dict(act_layer="relu"), 1, "ReLU"),
     (dict(global_pool="map"), 1, "attn_pool"),
     (dict(global_pool="max"), 1, "global_pool"),

@@ -1,12 +1,13 @@
 # Forgetting through the DAG, and the unlearning study (Figure 1 of the TAFT paper).
 #
 # Every shard's training set is its own manifest `split/n{N}_s{seed}/shard{i}.parquet`, whose
-# params are the forgotten ids that fall in shard i (known at DAG-build time: the samples table
-# and the split are pure functions of the config). A forget request therefore changes the params
-# of the affected shards' manifest jobs only, and Snakemake reruns those jobs and their
-# dependants (training, composition, evaluation, report) and nothing else.
+# params are its members minus the forgotten ids that fall in shard i (known at DAG-build time:
+# the samples table and the keyed-hash split are pure functions of the config and the dataset
+# listing). A forget request, or new or removed data, therefore changes the params of the
+# affected shards' manifest jobs only, and Snakemake reruns those jobs and their dependants
+# (training, composition, evaluation, report) and nothing else.
 from pipeline_src.methods.kinds import kind_of
-from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, shard_members
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -22,12 +23,10 @@ localrules:
 
 
 rule forget_manifest:
-    input:
-        samples=rules.prepare.output.samples,
-        manifest=rules.split.output.manifest,
-    output:
+    output:  # no input files: the members are params, so only shards whose members change rerun
         manifest=f"{R}/split/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
     params:
+        members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
         forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
     log:
         f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",

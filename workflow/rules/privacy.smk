@@ -17,8 +17,12 @@ wildcard_constraints:
 
 
 def private_signature(w):
+    return private_signature_of(w.method)
+
+
+def private_signature_of(method_name):
     """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
-    method = dict(config["methods"][w.method])
+    method = dict(config["methods"][method_name])
     if kind_of(method).tangent and PRIV["jvp_only"] is not None:
         method["jvp_only"] = PRIV["jvp_only"]
     dp = {k: PRIV[k] for k in ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")}
@@ -70,7 +74,7 @@ rule privacy:
 
 rule train_private:
     input:
-        unpack(train_inputs),
+        unpack(lambda w: shard_job_inputs(w, f"private-{w.method}")),
     output:
         model=f"{PRIVATE}/shard{{shard}}.safetensors",
         record=f"{PRIVATE}/shard{{shard}}.json",

@@ -20,7 +20,7 @@ rule train:
     wildcard_constraints:
         method="|".join(m for m in METHODS if m not in VECTORIZED_METHODS) or "(?!)",
     input:
-        unpack(train_inputs),
+        unpack(lambda w: shard_job_inputs(w, f"train-{w.method}")),
     output:
         model=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",

@@ -93,7 +93,9 @@ def main(args: StepArgs) -> None:
         "kind": "fused", "fusion": fusion, "matching": matching, "init": init, "method": first["method"],
         "method_config": first["method_config"], "experiment": first["experiment"], "shards": first["shards"],
         "seed": first["seed"], "head_seed": first["head_seed"], "num_classes": first["num_classes"],
-        "backbone_digest": first["backbone_digest"], "components": paths,
+        "backbone_digest": first["backbone_digest"],
+        "components": [{"path": p, "shard_id": r["shard_id"], "num_samples": r["num_samples"]}
+                       for p, r in zip(paths, records)],
         "statistics_samples": [len(d[0]) for d in data] if data else None,
         "sample_ids": sorted(i for r in records for i in r["sample_ids"]),
     }

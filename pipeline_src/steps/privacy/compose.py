@@ -24,6 +24,7 @@ def composed_privacy(records: list[dict]) -> dict:
         "composition": "parallel (disjoint shards)",
         "epsilon": max(p["epsilon"] for p in parts), "epsilon_spent": max(p["epsilon_spent"] for p in parts),
         "delta": max(p["delta"] for p in parts), "accountant": parts[0]["accountant"],
+        "neighbouring": parts[0].get("neighbouring"),
         "components": parts,
     }
 
@@ -51,8 +52,7 @@ def main(args: StepArgs) -> None:
         "privacy": composed_privacy(records),
         "components": [{"path": p, "shard_id": r["shard_id"], "num_samples": r["num_samples"]}
                        for p, r in zip(args.input.models, records)],
-        "sample_ids": sorted(i for r in records for i in r["sample_ids"]),
-    }
+    }  # no sample ids: the components' membership refs lead the audit to the private store
     save_model(compose_deltas(states, weights), record, args.output.model)
     print(f"composed {len(states)} DP {first['method']} ({first['regime']}) shard models with weights {weights}; "
           f"ε {record['privacy']['epsilon_spent']:.4f}")

@@ -5,6 +5,8 @@ DP-SGD with Poisson sampling (Abadi et al. 2016) through Opacus, as the DP study
 Liu & Soatto et al. 2024 ("Tangent Transformers for Composition, Privacy and Removal",
 §3.4, Table 3); see `pipeline_src/dp/`. The whole tuned state is saved (the parts the regime
 froze keep their public initial values), so evaluation and composition load it as any model.
+The noise and sampling are secret (`dp.secret_randomness`); the record names no member: the
+shard's ids go to the private provenance store (`private_provenance`), referenced by a keyed ref.
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ from pipeline_src.plan.privacy import epsilon_label
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.features import load_rows
 from pipeline_src.store.model_io import save_model
+from pipeline_src.store.private_provenance import results_root_of, store_members
 from pipeline_src.store.provenance import state_digest
+from pipeline_src.steps.features import load_rows
 
 DP_SETTINGS = ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")
 
@@ -85,8 +88,7 @@ def main(args: StepArgs) -> None:
         _, privacy = train_private(
             FromPrefix(model), features, data.labels.to(device), loss_fn=per_example_loss(method_cfg),
             epochs=settings["epochs"], batch_size=settings["batch_size"], lr=settings["lr"], epsilon=epsilon,
-            delta=settings["delta"], max_grad_norm=settings["max_grad_norm"], seed=seed * 1000 + shard,
-            mode=settings["mode"], accountant=settings["accountant"], progress=progress)
+            delta=settings["delta"], max_grad_norm=settings["max_grad_norm"], mode=settings["mode"], accountant=settings["accountant"], progress=progress)
     except InfeasibleBudget as e:
         raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, shard of {len(ids)} samples): "
                                f"{e}") from e
@@ -97,7 +99,9 @@ def main(args: StepArgs) -> None:
         "trained_parameters": trained, "dp_settings": settings, "privacy": privacy,
         "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": head_seed,
         "num_classes": num_classes, "backbone_digest": state_digest(backbone.state_dict()),
-        "num_samples": len(ids), "sample_ids": ids, "device": str(device), "wall_time_s": time.perf_counter() - t0,
+        # members by a keyed ref into the private store only: a DP model's files never name them
+        "num_samples": len(ids), "membership_ref": store_members(results_root_of(args.output.model), ids),
+        "device": str(device), "wall_time_s": time.perf_counter() - t0,
     }
     if kind_of(method_cfg).tangent:
         record["linearization_id"] = model.linearization_id()
