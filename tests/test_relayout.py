@@ -33,7 +33,8 @@ def test_moves_rewrites_and_is_idempotent(tmp_path: Path):
         "pipeline_src/config.py": "class ConfigError(ValueError):\n    pass\n",
         "pipeline_src/methods.py": "from pipeline_src.sharding import shard_ids\n",
         "pipeline_src/sharding.py": "def shard_ids():\n    pass\n",
-        "pipeline_src/export.py": "from pipeline_src.methods import build\n",  # a module another branch added
+        # a module another branch added; `kinds` is a submodule of the package `methods` became
+        "pipeline_src/export.py": "from pipeline_src.methods import build\nfrom pipeline_src.methods import kinds\n",
         "pipeline_src/steps/__init__.py": "",
         "pipeline_src/steps/fuse.py": "from pipeline_src import report_fusion, atomic as at\n",
         "README.md": "python -m pipeline_src.audit x; see `pipeline_src/gpu_slots.py` and tests/test_slurm.py\n",
@@ -52,7 +53,8 @@ def test_moves_rewrites_and_is_idempotent(tmp_path: Path):
     assert not (tmp_path / "pipeline_src/config.py").exists()
     assert "from pipeline_src.plan.config import" in read("workflow/rules/common.smk")
     assert read("pipeline_src/methods/registry.py") == "from pipeline_src.plan.sharding import shard_ids\n"
-    assert read("pipeline_src/store/export.py") == "from pipeline_src.methods.registry import build\n"
+    assert set(read("pipeline_src/store/export.py").splitlines()) == {
+        "from pipeline_src.methods.registry import build", "import pipeline_src.methods.kinds as kinds"}
     fuse = read("pipeline_src/steps/fusion/fuse.py")
     assert "from pipeline_src.reports import fusion as report_fusion" in fuse
     assert "from pipeline_src.store import atomic as at" in fuse

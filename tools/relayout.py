@@ -29,6 +29,7 @@ MODULES: dict[str, str] = {
     "unlearning": "plan.forget",
     "datasets": "plan.samples",
     "sharding": "plan.sharding",
+    "backbone_check": "plan.backbone_check",
     # methods/: one registry of method kinds, their per-kind facts, shared training and evaluation
     "method_kinds": "methods.kinds",
     "methods": "methods.registry",
@@ -52,6 +53,8 @@ MODULES: dict[str, str] = {
     "audit": "store.audit",
     "benchmark_rows": "store.benchmark_rows",
     "export": "store.export",
+    "environment": "store.environment",
+    "private_provenance": "store.private_provenance",
     # runner/: how a job starts
     "launch": "runner.launch",
     "forkserver": "runner.forkserver",
@@ -122,6 +125,19 @@ TESTS: dict[str, str] = {
     "test_last_grid_study": "e2e.test_last_grid",
     "test_report_html": "e2e.test_report_html",
     "test_slurm": "e2e.test_slurm",
+    # added by the DP, reliability, environment and backbone branches
+    "test_dp_layerscale_fast": "dp.test_layerscale_fast",
+    "test_dp_release": "dp.test_release",
+    "test_environment": "store.test_environment",
+    "test_environment_golden": "e2e.test_environment_golden",
+    "test_matching_norm_refusal": "matching.test_norm_refusal",
+    "test_new_data_reruns": "e2e.test_new_data_reruns",
+    "test_reliability_atomic": "store.test_atomic",
+    "test_reliability_backbone": "plan.test_backbone_check",
+    "test_reliability_datasets": "plan.test_samples_imagefolder",
+    "test_reliability_interrupt": "e2e.test_interrupt",
+    "test_reliability_workflow": "e2e.test_reliability",
+    "test_taft_backbones": "taft.test_backbones",
 }
 
 PACKAGE_DOCS = {
@@ -244,7 +260,9 @@ def build_rewriter():
                 continue
             name, alias = bits[0], (bits[2] if len(bits) == 3 and bits[1] == "as" else bits[0])
             full = f"{pkg}.{name}"
-            if full in table:
+            if pkg in table and name in leaves[pkg]:  # a submodule of an old module that became a package
+                lines.append(f"{indent}import {full} as {alias}")
+            elif full in table:
                 parent, leaf = table[full].rsplit(".", 1)
                 lines.append(f"{indent}from {parent} import {leaf}" + ("" if leaf == alias else f" as {alias}"))
             else:

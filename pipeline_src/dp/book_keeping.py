@@ -34,9 +34,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch.overrides import TorchFunctionMode
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
 from pipeline_src.dp.norm_samplers import _as_tokens, _layer_norm_types, linear_weight_sq_norm

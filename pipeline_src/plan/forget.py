@@ -151,7 +151,7 @@ def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[st
 
 @lru_cache(maxsize=64)
 def _shard_members(dataset_key: str, data_seed: int, shards: int, seed: int) -> tuple[tuple[str, ...], ...]:
-    from pipeline_src.sharding import shard_ids, shard_manifest
+    from pipeline_src.plan.sharding import shard_ids, shard_manifest
 
     manifest = shard_manifest(train_ids(_samples_of(dataset_key, data_seed)), shards, seed)
     return tuple(tuple(shard_ids(manifest, i)) for i in range(shards))

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline_src.methods import kinds
 from pipeline_src.methods.kinds import kind_of, kinds_where
+from pipeline_src.methods.kinds import matchable_blocks as kind_matchable_blocks
 from pipeline_src.plan.errors import ConfigError
 
 MATCHINGS = ("none", "permutation", "rotation", "rotation-scaling")
@@ -48,7 +48,7 @@ def matchable_blocks(cfg: dict, method_cfg: dict) -> int | None:
     """How many blocks matching can touch (nlft: k; last: LSA blocks), None when unknown at
     parse time (a timm or checkpoint backbone's depth)."""
     depth = cfg["backbone"]["arch"]["depth"] if cfg["backbone"]["source"] == "pretrain" else None
-    return kinds.matchable_blocks(method_cfg, depth)
+    return kind_matchable_blocks(method_cfg, depth)
 
 
 def check_fusion_config(cfg: dict) -> None:

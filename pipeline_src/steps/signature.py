@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline_src.atomic import write_json
-from pipeline_src.step_args import StepArgs
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.atomic import write_json
 
 
 def main(args: StepArgs) -> None:

@@ -33,7 +33,7 @@ BENCHMARK_SCHEMA = pa.schema([
     ("repeats", pa.int64()),
     ("commit", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
-    ("environment", pa.string()),    # JSON fingerprint: python, torch, cuda, cudnn, timm, ... (pipeline_src/environment.py)
+    ("environment", pa.string()),    # JSON fingerprint: python, torch, cuda, cudnn, timm, ... (pipeline_src/store/environment.py)
 ])
 
 

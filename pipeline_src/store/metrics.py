@@ -25,7 +25,7 @@ with it NULL:
 | device | string | device the job ran on |
 | commit | string | git commit of the code |
 | created_at | timestamp[us, UTC] | when the row was written |
-| environment | string | JSON fingerprint of the versions that made the row (python, torch, cuda, cudnn, timm, opacus, snakemake, numpy, commit, dirty; `pipeline_src/environment.py`) |
+| environment | string | JSON fingerprint of the versions that made the row (python, torch, cuda, cudnn, timm, opacus, snakemake, numpy, commit, dirty; `pipeline_src/store/environment.py`) |
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
 | manifests | shard manifests `results/split/**/shard*.parquet` (each shard's training ids), with the file name |
 | samples | `results/prepare/samples.parquet` |
 | jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
-| environments | one row per environment fingerprint of the metrics rows (`pipeline_src/environment.py`): its fields as columns, row and experiment counts, first and last time |
+| environments | one row per environment fingerprint of the metrics rows (`pipeline_src/store/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
 Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
 every column of the current schema: files written by an older schema version (columns are only

@@ -3,6 +3,9 @@ regimes at two ε (Table 3 rows), then DP taft shards composed by their Δw sum.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -15,10 +18,10 @@ from opacus.accountants import RDPAccountant
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.reports.privacy import REPORTS
+from pipeline_src.steps.features import load_rows
 from pipeline_src.store.audit import audit_model
 from pipeline_src.store.export import export_model
 from pipeline_src.store.private_provenance import load_members
-from pipeline_src.steps.features import load_rows
 from pipeline_src.store.results_db import connect
 from tests.conftest import REPO, snakemake
 
@@ -167,7 +170,7 @@ def test_exported_dp_model_loads_in_a_fresh_process_with_the_same_logits(study, 
     torch.save(x, tmp_path / "x.pt")
     with torch.no_grad():
         expected = load_tuned_model(study / "results" / "pretrain", soup)[0].eval()(x)
-    code = ("import sys, torch; from pipeline_src.export import load_exported; "
+    code = ("import sys, torch; from pipeline_src.store.export import load_exported; "
             "m, _, _ = load_exported(sys.argv[1]); x = torch.load(sys.argv[2], weights_only=True); "
             "torch.save(m(x).detach(), sys.argv[3])")
     elsewhere = tmp_path / "elsewhere"

@@ -39,7 +39,7 @@ def test_nlft_on_deit_distilled_trains_both_heads():
     """timm's distilled DeiT averages `head` and `head_dist` at eval: both must train."""
     from timm.models.deit import VisionTransformerDistilled
 
-    from pipeline_src.finetune import TailFineTune
+    from pipeline_src.methods.nonlinear import TailFineTune
 
     base = VisionTransformerDistilled(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2,
                                       num_heads=4)

@@ -3,8 +3,6 @@ naming the key, and the feasibility check agrees with Opacus' own noise planner.
 from __future__ import annotations
 
 import pytest
-
-from pipeline_src.datasets import count_train_samples
 import yaml
 from opacus.accountants.utils import get_noise_multiplier
 
@@ -16,6 +14,7 @@ from pipeline_src.plan.privacy import (
     privacy_methods,
     shard_sizes,
 )
+from pipeline_src.plan.samples import count_train_samples
 from tests.conftest import REPO
 
 N_TRAIN = 538  # training split of the .test study

@@ -108,15 +108,15 @@ def signature_value(name):
     `private-<method>`."""
     if name == "upstream":
         return upstream_signature()
-    kind, method = name.split("-", 1)
-    return signature_of(method) if kind == "train" else private_signature_of(method)
+    study, method = name.split("-", 1)
+    return signature_of(method) if study == "train" else private_signature_of(method)
 
 
 def upstream_signature():
     """Canonical JSON of what the shared upstream files hold for a shard job besides its own
     members: dataset settings, backbone (and its pretraining data), features, data seed."""
-    from pipeline_src.sharding import membership_digest
-    from pipeline_src.unlearning import samples_table
+    from pipeline_src.plan.sharding import membership_digest
+    from pipeline_src.plan.forget import samples_table
 
     t = samples_table(config).to_pydict()
     source_ids = [i for i, task in zip(t["sample_id"], t["task"]) if task == "source"]
@@ -126,8 +126,8 @@ def upstream_signature():
 
 def dataset_listing_digest():
     """Digest of every listed sample id: `prepare` reruns when files are added or removed."""
-    from pipeline_src.sharding import membership_digest
-    from pipeline_src.unlearning import samples_table
+    from pipeline_src.plan.sharding import membership_digest
+    from pipeline_src.plan.forget import samples_table
 
     return membership_digest(samples_table(config).column("sample_id").to_pylist())
 

@@ -28,10 +28,10 @@ from pipeline_src.plan.privacy import epsilon_label
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.steps.features import load_rows
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.private_provenance import results_root_of, store_members
 from pipeline_src.store.provenance import state_digest
-from pipeline_src.steps.features import load_rows
 
 DP_SETTINGS = ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")
 

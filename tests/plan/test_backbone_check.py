@@ -1,5 +1,5 @@
 """A bad backbone fails at validation, naming the key (issue 15, item 2). The Snakemake run that
-shows the previous backbone survives is in tests/test_reliability_workflow.py."""
+shows the previous backbone survives is in tests/e2e/test_reliability.py."""
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +8,9 @@ import zipfile
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import save_file
 
-from pipeline_src.config import ConfigError, validate_config
+from pipeline_src.plan.config import ConfigError, validate_config
 from tests.conftest import REPO, tiny_vit
 
 ARCH = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 4.0}
@@ -95,7 +94,7 @@ def test_an_unknown_timm_name_names_the_key(good_safetensors, source):
 
 
 def test_the_default_study_validates_without_importing_torch_or_timm():
-    code = ("import sys, yaml; from pipeline_src.config import validate_config; "
+    code = ("import sys, yaml; from pipeline_src.plan.config import validate_config; "
             f"validate_config(yaml.safe_load(open({str(REPO / 'config.yaml')!r})), count_samples=False); "
             "print(sorted(m for m in ('torch', 'timm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from pipeline_src.config import ConfigError, validate_config
+from pipeline_src.plan.config import ConfigError, validate_config
 
 
 def folder_cfg(root, **dataset) -> dict:

@@ -10,7 +10,7 @@ from torch import nn
 from pipeline_src.dp import train_private
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.private_training import make_private_model
-from tests.test_dp_reference import ce
+from tests.dp.test_reference import ce
 
 
 def _data(n: int = 40, d: int = 6, k: int = 3):

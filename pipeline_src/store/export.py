@@ -1,6 +1,6 @@
 """Export one trained, composed or DP model as a self-contained folder a user can share and load:
 
-    python -m pipeline_src.export <model.safetensors> <dest> [--backbone DIR]
+    python -m pipeline_src.store.export <model.safetensors> <dest> [--backbone DIR]
 
     <dest>/model.safetensors       the tuned tensors (as trained or composed)
     <dest>/model.json              what rebuilds the model: method settings, classes, head seed,
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pipeline_src.atomic import write_json
+from pipeline_src.store.atomic import write_json
 
 DP_RECORD_KEYS = ("kind", "composition", "method", "method_config", "regime", "trained_parameters", "dp_settings",
                   "privacy", "experiment", "shards", "num_classes", "head_seed", "backbone_digest",
@@ -35,7 +35,7 @@ def is_private(record: dict) -> bool:
 
 def member_ids(model_path: str | Path) -> set[str]:
     """Every sample id any component of the model trained on (DP ones from the private store)."""
-    from pipeline_src.audit import _own_ids, _record, audit_model  # the audit's own resolution of members
+    from pipeline_src.store.audit import _own_ids, _record, audit_model  # the audit's own resolution of members
 
     result = audit_model(model_path, [])
     ids: set[str] = set()
@@ -58,8 +58,8 @@ def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | P
     """
     from safetensors.torch import load_file
 
-    from pipeline_src.private_provenance import results_root_of
-    from pipeline_src.provenance import state_digest
+    from pipeline_src.store.private_provenance import results_root_of
+    from pipeline_src.store.provenance import state_digest
 
     model_path, dest = Path(model_path), Path(dest)
     record = json.loads(model_path.with_suffix(".json").read_text())
@@ -95,7 +95,7 @@ def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | P
 
 def load_exported(dest: str | Path):
     """Rebuild an exported model: (model in eval mode, its record, the backbone record)."""
-    from pipeline_src.model_io import load_tuned_model
+    from pipeline_src.store.model_io import load_tuned_model
 
     dest = Path(dest)
     model, record, backbone_record = load_tuned_model(dest / "backbone", dest / "model.safetensors")
@@ -103,7 +103,7 @@ def load_exported(dest: str | Path):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline_src.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline_src.store.export", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a .safetensors model with its .json record beside it")
     parser.add_argument("dest", help="the export folder to create")
     parser.add_argument("--backbone", help="backbone folder (default: <results>/pretrain)")
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dest = export_model(a.model, a.dest, a.backbone)
     record = json.loads((dest / "model.json").read_text())
     what = "DP model (no member ids)" if is_private(record) else "model"
-    print(f"exported {what} {a.model} → {dest}; load with pipeline_src.export.load_exported('{dest}')")
+    print(f"exported {what} {a.model} → {dest}; load with pipeline_src.store.export.load_exported('{dest}')")
     return 0
 
 

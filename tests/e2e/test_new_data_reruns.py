@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline_src.config import validate_config
-from pipeline_src.datasets import assign_splits, list_samples
-from pipeline_src.sharding import shard_of
+from pipeline_src.plan.config import validate_config
+from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.sharding import shard_of
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -41,7 +41,7 @@ def safetensors_header(path: str | Path) -> dict[str, dict]:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
-        raise ValueError(f"header is not a JSON object")
+        raise ValueError("header is not a JSON object")
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     end = 0
     for name, t in tensors.items():
@@ -73,14 +73,14 @@ def check_torch_file(path: str | Path) -> None:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
         if not any(i.filename.endswith("data.pkl") for i in infos):
-            raise ValueError(f"a zip file without data.pkl, not a torch checkpoint")
+            raise ValueError("a zip file without data.pkl, not a torch checkpoint")
         for i in infos:
             if i.header_offset + i.compress_size > size:
                 raise ValueError(f"member {i.filename} runs past the end of the file (truncated)")
         return
     with path.open("rb") as f:
         if f.read(1) != b"\x80":  # a pickle protocol opcode starts the legacy format
-            raise ValueError(f"neither a torch zip checkpoint nor a legacy torch file (truncated or corrupt)")
+            raise ValueError("neither a torch zip checkpoint nor a legacy torch file (truncated or corrupt)")
 
 
 def check_vit_keys(tensors: dict[str, dict], depth: int | None, embed_dim: int | None) -> None:

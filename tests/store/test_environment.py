@@ -8,7 +8,6 @@ import os
 import platform
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline_src import environment
-from pipeline_src.benchmark_rows import benchmark_row, write_benchmark_rows
-from pipeline_src.environment import check_lock, fingerprint, fingerprint_json, lock_drift, read_lock
-from pipeline_src.metrics import SCHEMA_VERSION, metric_rows, write_metrics
-from pipeline_src.model_io import load_model, save_model
-from pipeline_src.provenance import git_commit
-from pipeline_src.results_db import connect
+from pipeline_src.store import environment
+from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
+from pipeline_src.store.environment import check_lock, fingerprint, fingerprint_json, lock_drift, read_lock
+from pipeline_src.store.metrics import SCHEMA_VERSION, metric_rows, write_metrics
+from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.store.provenance import git_commit
+from pipeline_src.store.results_db import connect
 from tests.conftest import REPO
 
 LOCK = REPO / "requirements.lock"
@@ -48,7 +47,7 @@ def test_fingerprint_names_the_running_versions_and_commit():
 
 def test_importing_the_module_imports_no_torch():
     # The Snakefile imports it at parse time, which must stay torch-free.
-    code = "import sys; import pipeline_src.environment; print('torch' in sys.modules)"
+    code = "import sys; import pipeline_src.store.environment; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO).stdout
     assert out.strip() == "False"

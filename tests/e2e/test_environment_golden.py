@@ -7,7 +7,7 @@ This test reruns the study and compares: the same rows, each within one evaluate
 
 When a change means to move the numbers, regenerate and commit the file with the reason:
 
-    make golden    # = PIPELINE_UPDATE_GOLDEN=1 pytest tests/test_environment_golden.py
+    make golden    # = PIPELINE_UPDATE_GOLDEN=1 pytest tests/e2e/test_environment_golden.py
 
 Library versions move numbers too. Where the installed versions differ from the lock the test
 skips, naming them; `PIPELINE_REQUIRE_LOCKED_ENV=1` (set by CI, which installs from the lock)
@@ -25,7 +25,7 @@ import duckdb
 import pytest
 import yaml
 
-from pipeline_src.environment import LOCK_FILE, lock_drift_message
+from pipeline_src.store.environment import LOCK_FILE, lock_drift_message
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_accuracy.csv"

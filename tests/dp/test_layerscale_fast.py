@@ -7,11 +7,11 @@ import torch
 from timm.layers import LayerScale
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.test_dp_reference import assert_norms_match, ce, fixed_coins, microbatch_grads
 from pipeline_src.dp import apply_regime, check_fast_supported, nlft_scope, train_private, wrap_fast
 from pipeline_src.dp.norm_samplers import FAST_SQ_NORM_SAMPLERS, layer_scale_sq_norms
 from pipeline_src.taft import TangentViT
 from pipeline_src.taft.jvp_layers import DeltaScale
+from tests.dp.test_reference import assert_norms_match, ce, fixed_coins, microbatch_grads
 
 torch.set_num_threads(1)
 

@@ -14,11 +14,11 @@ from timm.layers.activations import quick_gelu
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
-from tests.test_dp_reference import assert_norms_match
-from tests.test_taft_model import images, reference, rel_err
 from pipeline_src.dp import check_fast_supported
 from pipeline_src.taft import TangentViT
 from pipeline_src.taft.jvp_layers import TangentQuickGELU, quick_gelu_jvp
+from tests.dp.test_reference import assert_norms_match
+from tests.taft.test_model import images, reference, rel_err
 
 pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)
@@ -205,7 +205,7 @@ def test_dp_hooks_per_sample_grads_match_microbatches(family: str) -> None:
     """Opacus' own hooks (the 'hooks' DP mode) on the new Δ modules."""
     from opacus.grad_sample import GradSampleModule
 
-    from tests.test_dp_reference import ce, microbatch_grads
+    from tests.dp.test_reference import ce, microbatch_grads
 
     model, x, y = _dp_model(family)
     ref = microbatch_grads(model, x, y)
@@ -221,7 +221,7 @@ def test_dp_hooks_per_sample_grads_match_microbatches(family: str) -> None:
 @pytest.mark.parametrize("family", ["deit_distilled", "clip_quickgelu", "qk_norm_reg_avg"])
 def test_dp_book_keeping_matches_microbatches(family: str) -> None:
     """The 'bk' DP mode's existing rules (Linear, LayerNorm on (B, H, N, d_h), DeltaScale) cover the new Δ modules."""
-    from tests.test_dp_book_keeping import assert_bk_matches_reference
+    from tests.dp.test_book_keeping import assert_bk_matches_reference
 
     model, x, y = _dp_model(family)
     assert_bk_matches_reference(model, x, y, c=1e-3, expect_clipped=True)

@@ -7,7 +7,7 @@ and never in a model's own files (record, weights, export, metrics).
 A DP model's record names its members only by `membership_ref` = HMAC-SHA256(key, sorted ids).
 A plain digest of the ids would be a membership oracle (hash a guessed member list, compare);
 without the key the ref says nothing. With the store, the audit resolves the ref and checks
-the stored ids against it. `pipeline_src.export` never copies this folder. Torch-free.
+the stored ids against it. `pipeline_src.store.export` never copies this folder. Torch-free.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline_src.atomic import write_parquet
+from pipeline_src.store.atomic import write_parquet
 
 STORE = "provenance"
 

@@ -1,4 +1,4 @@
-"""Files written through pipeline_src/atomic.py get the mode a plain open() would (issue 15, item 4)."""
+"""Files written through pipeline_src/store/atomic.py get the mode a plain open() would (issue 15, item 4)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline_src.atomic import atomic_path, write_json, write_parquet, write_text
+from pipeline_src.store.atomic import atomic_path, write_json, write_parquet, write_text
 
 
 def _write_all(folder: Path) -> list[Path]:

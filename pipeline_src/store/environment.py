@@ -6,7 +6,7 @@ Three things, for the README's "Pinned environment" (issue 17):
   record, metrics row and benchmark row carries it.
 - `check_lock()`: the lock file (`requirements.lock`, `make lock`) must pin every requirement of
   `pyproject.toml` (its dependencies and the `test` extra) to a version inside the declared range,
-  with hashes. `make test` (so CI) runs it: `python -m pipeline_src.environment --check-lock`.
+  with hashes. `make test` (so CI) runs it: `python -m pipeline_src.store.environment --check-lock`.
 - `lock_drift()`: installed versions that differ from the lock; `common.smk` warns about them
   once at start-up, since then the numbers may differ from the committed ones.
 
@@ -26,7 +26,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from pipeline_src.provenance import PACKAGE_ROOT, git_commit
+from pipeline_src.store.provenance import PACKAGE_ROOT, git_commit
 
 LOCK_FILE = PACKAGE_ROOT / "requirements.lock"
 PYPROJECT = PACKAGE_ROOT / "pyproject.toml"

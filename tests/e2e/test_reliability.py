@@ -81,7 +81,7 @@ def _servers_of(tmpdir: Path) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if proc.name.isdigit() and b"pipeline_src.forkserver" in cmd and any(str(tmpdir).encode() in c for c in cmd):
+        if proc.name.isdigit() and b"pipeline_src.runner.forkserver" in cmd and any(str(tmpdir).encode() in c for c in cmd):
             pids.append(int(proc.name))
     return pids
 
@@ -119,7 +119,7 @@ def test_the_fork_server_is_keyed_by_the_code(tmp_path):
     wf = copy_workflow(tmp_path / "wf")
 
     def key() -> str:
-        code = "from pipeline_src.forkserver import socket_path; print(socket_path())"
+        code = "from pipeline_src.runner.forkserver import socket_path; print(socket_path())"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(wf)}).stdout
 
