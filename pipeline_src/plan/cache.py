@@ -16,6 +16,20 @@ from typing import Any, Callable
 
 from pipeline_src.store.atomic import write_json
 
+_active_dir: Path | None = None
+
+
+def use_cache_dir(cache_dir: str | Path | None) -> None:
+    """Make `cache_dir` the folder of this process's parse (`validate_config` sets it), so that
+    helpers called later while building the DAG (`samples.list_samples`) reuse its entries."""
+    global _active_dir
+    _active_dir = None if cache_dir is None else Path(cache_dir)
+
+
+def active_cache_dir() -> Path | None:
+    """The folder `use_cache_dir` set, or None (jobs: always compute)."""
+    return _active_dir
+
 
 def package_version(name: str) -> str:
     """A package's installed version without importing it (importing sklearn costs seconds)."""

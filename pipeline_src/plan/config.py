@@ -14,7 +14,7 @@ import jsonschema
 import yaml
 
 from pipeline_src.methods.kinds import method_errors
-from pipeline_src.plan.cache import cached, package_version
+from pipeline_src.plan.cache import cached, package_version, use_cache_dir
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.forget import check_forget_section
 from pipeline_src.plan.fusion import check_fusion_config
@@ -64,6 +64,7 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     Raises:
         ConfigError: naming the first offending key.
     """
+    use_cache_dir(cache_dir)  # the rest of this parse (samples listing) reuses it too
     cfg = copy.deepcopy(dict(config))
     validator_cls = _with_defaults(jsonschema.Draft202012Validator)
     validator = validator_cls(load_schema())

@@ -12,6 +12,7 @@ never move old ones.
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipeline_src.plan.cache import active_cache_dir, cached, package_version
 from pipeline_src.plan.sharding import keyed_unit
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -44,13 +46,18 @@ class SampleList:
     empty_classes: list[str] = field(default_factory=list)  # class folders without an image
 
 
+def _digits_classes() -> list[int]:
+    from sklearn.datasets import load_digits
+
+    return [int(c) for c in load_digits().target]
+
+
 def list_samples(dataset_cfg: dict) -> SampleList:
     """List sample ids and classes without decoding any image."""
     if dataset_cfg["source"] == "digits":
-        from sklearn.datasets import load_digits
-
-        y = load_digits().target
-        return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None)
+        key = {"sklearn": package_version("scikit-learn"), "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+        classes = cached(active_cache_dir(), "digits_classes", key, _digits_classes)  # no sklearn import when cached
+        return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(classes)], [str(c) for c in classes], None)
     root = Path(dataset_cfg["path"])
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
