@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from pathlib import Path
 
 from pipeline_src.steps import step_of_rule
 from tests.conftest import REPO
@@ -38,3 +39,13 @@ def test_step_of_rule():
     assert step_of_rule("evaluate_soup") == "evaluate"
     assert step_of_rule("fuse") == "fusion.fuse"
     assert step_of_rule("train_vectorized_last-1_n4") == "train_vectorized"
+
+
+def test_a_job_accepts_its_own_checkouts_package():
+    """launch's guard (a job must run the code of the workflow that scheduled it) compares the
+    workflow's pipeline_src/ with the imported one: after the move into runner/, both must be
+    the package folder, or every job of every workflow fails."""
+    from pipeline_src.runner import forkserver, launch
+
+    launch._check_own_code(str(REPO / "workflow" / "scripts"))  # raises SystemExit on a mismatch
+    assert Path(forkserver.__file__).resolve().parents[1] == REPO / "pipeline_src"

@@ -198,6 +198,8 @@ def move(old: Path, new: Path, dry: bool) -> str | None:
         text = new.read_text()
         fixed = text.replace("Path(__file__).resolve().parent.parent",
                              f"Path(__file__).resolve().parents[{1 + deeper}]")
+        fixed = re.sub(r"Path\(__file__\)\.resolve\(\)\.parent(?![.\w\[])",
+                       f"Path(__file__).resolve().parents[{deeper}]", fixed)
         if fixed != text:
             new.write_text(fixed)
     return None
