@@ -29,7 +29,7 @@ $(BIN)/.installed: $(LOCK) pyproject.toml
 install: $(BIN)/.installed
 
 check-lock: install
-	$(BIN)/python -m pipeline_src.environment --check-lock $(LOCK)
+	$(BIN)/python -m pipeline_src.plan.environment --check-lock $(LOCK)
 
 study: install
 	$(BIN)/snakemake --cores $(CORES)
@@ -51,7 +51,7 @@ lock-upgrade: $(LOCKENV)/bin/uv
 	$(UV_COMPILE) --upgrade
 
 golden: install
-	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_environment_golden.py
+	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/e2e/test_golden.py
 
 clean-results:
 	rm -rf results/* .snakemake

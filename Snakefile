@@ -5,7 +5,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# A --configfile is the whole study: the default is loaded only without one, because Snakemake
+# would deep-merge the user's file into it and leak the default's keys. --config k=v still overrides.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 include: "workflow/rules/common.smk"

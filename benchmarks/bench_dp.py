@@ -23,10 +23,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline_src.benchmark_rows import (benchmark_row, peak_memory_mb, pin_mmap_threshold, time_median,  # noqa: E402
-                                         write_benchmark_rows)
 from pipeline_src.dp import apply_regime, nlft_scope  # noqa: E402
 from pipeline_src.dp.private_training import dp_backward, make_private_model  # noqa: E402
+from pipeline_src.store.benchmark_rows import (  # noqa: E402
+    benchmark_row,
+    peak_memory_mb,
+    pin_mmap_threshold,
+    time_median,
+    write_benchmark_rows,
+)
 
 MODES = ("nonprivate", "hooks", "ghost", "fast", "bk")
 

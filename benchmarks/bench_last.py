@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
-from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
 from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys  # noqa: E402
+from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
 
 
 def tensor_mb(tensors: Iterable[torch.Tensor]) -> float:

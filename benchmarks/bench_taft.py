@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline_src.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
+from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
 from pipeline_src.taft.losses import get_loss  # noqa: E402
 from pipeline_src.taft.tangent_vit import TangentViT  # noqa: E402
 from pipeline_src.taft.train import tangent_step  # noqa: E402

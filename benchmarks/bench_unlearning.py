@@ -28,14 +28,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline_src.benchmark_rows import benchmark_row, time_median, write_benchmark_rows  # noqa: E402
-from pipeline_src.config import validate_config  # noqa: E402
-from pipeline_src.datasets import list_samples, load_images, to_model_input  # noqa: E402
-from pipeline_src.methods import build_tuned_model, get_method  # noqa: E402
-from pipeline_src.sharding import shard_ids, shard_manifest  # noqa: E402
+from pipeline_src.methods.registry import build_tuned_model, get_method  # noqa: E402
+from pipeline_src.methods.training import batched_apply  # noqa: E402
+from pipeline_src.plan.config import validate_config  # noqa: E402
+from pipeline_src.plan.forget import random_request, samples_table, train_ids  # noqa: E402
+from pipeline_src.plan.samples import list_samples, load_images, to_model_input  # noqa: E402
+from pipeline_src.plan.sharding import shard_ids, shard_manifest  # noqa: E402
 from pipeline_src.steps.train import train_settings  # noqa: E402
-from pipeline_src.training import batched_apply  # noqa: E402
-from pipeline_src.unlearning import random_request, samples_table, train_ids  # noqa: E402
+from pipeline_src.store.benchmark_rows import benchmark_row, time_median, write_benchmark_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def main() -> None:
             "batch_size": settings["batch_size"], "arch": arch}
     rows_out = [benchmark_row("unlearning", "paragon", a.device, {**base, "samples": len(all_rest)}, t_all, 0.0)]
     print(f"paragon: {med(t_all):8.1f} ms ({len(all_rest)} samples)")
-    for n, shard, rest in cases:
+    for n, _shard, _rest in cases:
         speedup = med(t_all) / med(t_shard[n])
         rows_out.append(benchmark_row("unlearning", "retrain-shard", a.device, {
             **base, "shards": n, "samples": len(rest), "paragon_ms_median": med(t_all),

@@ -1,6 +1,10 @@
-"""Shared fixtures: tiny timm ViTs in float64 and small on-disk datasets."""
+"""Shared fixtures: tiny timm ViTs in float64, small on-disk datasets, and real Snakemake runs."""
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,13 +13,44 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 REPO = Path(__file__).resolve().parent.parent
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
-def tiny_vit(**overrides) -> VisionTransformer:
+def snakemake(workdir: Path, *args: str, check: bool = True, timeout: float | None = None,
+              **env: str) -> subprocess.CompletedProcess:
+    """Run the real workflow in `workdir` with this checkout's package first on the path.
+
+    Args:
+        workdir: Snakemake's --directory (results/ lands there).
+        args: Snakemake arguments (targets, -n, --cores, --configfile ...).
+        check: raise, with the output's tail, when Snakemake fails.
+        timeout: seconds before the run is killed.
+        env: extra environment variables.
+    """
+    proc = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=timeout)
+    if check and proc.returncode:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
+    """The output files a (dry) run lists."""
+    return re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, flags=re.M)
+
+
+def tiny_vit(seed: int = 0, train: bool = False, **overrides) -> VisionTransformer:
+    """A float64 timm ViT: img 16, patch 4, 1 channel, 5 classes, D 32, depth 2, 4 heads.
+
+    Args:
+        seed: torch's seed for the initialisation (same seed, same weights).
+        train: training mode (Opacus refuses a model in eval mode); eval mode by default.
+        overrides: VisionTransformer kwargs replacing those above (e.g. depth=4, global_pool="avg").
+    """
     kwargs = dict(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2, num_heads=4)
     kwargs.update(overrides)
-    torch.manual_seed(0)
-    return VisionTransformer(**kwargs).double().eval()
+    torch.manual_seed(seed)
+    return VisionTransformer(**kwargs).double().train(train)
 
 
 @pytest.fixture

@@ -9,8 +9,13 @@ coverage is checked before training.
 from pipeline_src.dp.additive import AdditiveDelta
 from pipeline_src.dp.book_keeping import BK_RULES, BookKeepingModule, check_bk_supported, register_bk_rule
 from pipeline_src.dp.budget import InfeasibleBudget, epsilon_for, plan_budget
-from pipeline_src.dp.norm_samplers import (FAST_SQ_NORM_SAMPLERS, attach_fast_norm_samplers, check_fast_supported,
-                                           register_fast_norm_sampler, wrap_fast)
+from pipeline_src.dp.norm_samplers import (
+                                           FAST_SQ_NORM_SAMPLERS,
+                                           attach_fast_norm_samplers,
+                                           check_fast_supported,
+                                           register_fast_norm_sampler,
+                                           wrap_fast,
+)
 from pipeline_src.dp.private_training import MODES, per_example_cross_entropy, train_private
 from pipeline_src.dp.regimes import REGIMES, apply_regime, nlft_scope
 

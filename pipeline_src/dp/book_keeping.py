@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
 from pipeline_src.dp.norm_samplers import _as_tokens, _layer_norm_types, linear_weight_sq_norm
@@ -244,6 +245,43 @@ class _Tap(torch.autograd.Function):
         return gy, torch.zeros((), dtype=dtype, device=device), None
 
 
+class _DirectUseGuard(TorchFunctionMode):
+    """Fails a forward in which a trainable parameter feeds an op outside its own module's forward
+    (e.g. a parent computing `x @ self.child.weight.T`): book-keeping sees a parameter only through
+    its module's output, so such a use would get a silently wrong (zero) gradient."""
+
+    def __init__(self, layers: list[tuple[str, nn.Module, list[str]]]) -> None:
+        super().__init__()
+        self._owner = {id(getattr(m, n)): (name or "<root>", m, n) for name, m, own in layers for n in own}
+        self._running: list[nn.Module] = []
+        self._handles = []
+        for _, m, _ in layers:
+            self._handles.append(m.register_forward_pre_hook(self._enter))
+            self._handles.append(m.register_forward_hook(self._leave, always_call=True))
+
+    def _enter(self, module: nn.Module, _inputs) -> None:
+        self._running.append(module)
+
+    def _leave(self, _module: nn.Module, _inputs, _output) -> None:  # returns None: the output is kept
+        self._running.pop()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in (*args, *kwargs.values()):
+            for x in (t if isinstance(t, (list, tuple)) else (t,)):
+                owner = self._owner.get(id(x)) if isinstance(x, torch.Tensor) else None
+                if owner is not None and not any(m is owner[1] for m in self._running):
+                    raise NotImplementedError(
+                        f"book-keeping clipping: trainable parameter '{owner[0]}.{owner[2]}' is used outside its "
+                        f"module's forward (by {getattr(func, '__name__', func)}); its per-example gradient would be "
+                        f"silently dropped. Call the module instead, freeze the parameter, or use mode='hooks'")
+        return func(*args, **kwargs)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
 class BookKeepingModule(nn.Module):
     """Wraps a model for single-backward DP clipping: `forward` runs it with the trainable
     parameters detached and taps each trainable layer's output; `clipped_backward(losses)`
@@ -276,6 +314,7 @@ class BookKeepingModule(nn.Module):
         self._seen: set[int] = set()
         self._anchor: torch.Tensor | None = None
         self._active = False
+        self._checked = False  # has a training forward run under _DirectUseGuard?
         self._handles = [m.register_forward_hook(self._capture) for _, m, _ in self._layers]
         self.per_sample_gradient_norms: torch.Tensor | None = None
         self.clipping_coef: torch.Tensor | None = None
@@ -307,9 +346,17 @@ class BookKeepingModule(nn.Module):
         for p in live:  # autograd will not form parameter gradients: BK builds the clipped sum itself
             p.requires_grad_(False)
         self._active = True
+        guard = _DirectUseGuard(self._layers) if not self._checked else None  # the first forward only
         try:
-            return self._module(*args, **kwargs)
+            if guard is None:
+                return self._module(*args, **kwargs)
+            with guard:
+                out = self._module(*args, **kwargs)
+            self._checked = True
+            return out
         finally:
+            if guard is not None:
+                guard.remove()
             self._active = False
             for p in live:
                 p.requires_grad_(True)

@@ -11,6 +11,9 @@ Methods:
 - LayerNorm affine: per-example γ grad Σ_t g⊙x̂ and β grad Σ_t g, Θ(B·T·c)
   (Lee & Kifer 2021, per-layer rules).
 - AdditiveDelta: per-example grad = g summed over the broadcast dims.
+- timm LayerScale (γ ⊙ x, Touvron et al. 2021, "Going deeper with image transformers")
+  and TAFT's DeltaScale (its Δγ): per-example γ grad Σ_t x ⊙ g, Θ(B·T·c), the diagonal
+  case of the Linear rule (Lee & Kifer 2021, per-layer rules).
 DP-TAFT (Liu & Soatto 2024, "Tangent Transformers for composition, privacy and removal",
 §3.4) trains Δ parameters held in exactly these module types.
 
@@ -29,6 +32,7 @@ from opacus.grad_sample import GradSampleHooksFastGradientClipping, GradSampleMo
 from torch import nn
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
+from pipeline_src.taft.jvp_layers import DeltaScale
 
 # fn(module, activations, backprops) -> {param: squared per-example norm, shape (B,)}
 SqNormFn = Callable[[nn.Module, list[torch.Tensor], torch.Tensor], dict[nn.Parameter, torch.Tensor]]
@@ -155,6 +159,38 @@ def additive_delta_sq_norms(layer: AdditiveDelta, activations: list[torch.Tensor
     return {layer.delta: gs.reshape(gs.shape[0], -1).pow(2).sum(1)}
 
 
+def _layer_scale_types() -> tuple[type, ...]:
+    types: tuple[type, ...] = (DeltaScale,)
+    try:
+        from timm.layers import LayerScale
+        types += (LayerScale,)
+    except ImportError:  # pragma: no cover
+        pass
+    return types
+
+
+def _scale_param(layer: nn.Module) -> nn.Parameter:
+    return layer.weight if isinstance(layer, DeltaScale) else layer.gamma
+
+
+@register_fast_norm_sampler(*_layer_scale_types())
+def layer_scale_sq_norms(layer: nn.Module, activations: list[torch.Tensor],
+                         backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """Squared per-example norm of a LayerScale's γ (or a DeltaScale's Δγ): ‖Σ_t x ⊙ g‖².
+
+    Args:
+        layer: timm ``LayerScale`` (y = γ ⊙ x) or TAFT's ``DeltaScale`` (y = Δγ ⊙ x).
+        activations: [input], (B, *, c).
+        backprops: output gradient, same shape.
+    """
+    p = _scale_param(layer)
+    if not p.requires_grad:
+        return {}
+    g = _as_tokens(backprops)
+    per_example = (_as_tokens(activations[0].to(g.dtype)) * g).sum(1)  # (B, c)
+    return {p: per_example.pow(2).sum(1)}
+
+
 def _opacus_format(fn: SqNormFn) -> Callable:
     """Opacus' norm samplers return norms, not squared norms."""
     def norm_sampler(module: nn.Module, activations: list[torch.Tensor], backprops: torch.Tensor):
@@ -179,8 +215,11 @@ def check_fast_supported(model: nn.Module) -> None:
             raise NotImplementedError(
                 f"no fast norm sampler for module type {type(m).__module__}.{type(m).__qualname__} "
                 f"(module '{name or '<root>'}', trainable parameters {own}); freeze it, hold the parameter "
-                f"in a supported module (nn.Linear, nn.LayerNorm, AdditiveDelta), register one with "
-                f"register_fast_norm_sampler, or use mode='ghost'/'hooks'")
+                f"in a supported module (nn.Linear, nn.LayerNorm, AdditiveDelta, LayerScale), register one "
+                f"with register_fast_norm_sampler, or use mode='ghost'/'hooks'")
+        if own and type(m) in _layer_scale_types() and getattr(m, "inplace", False):
+            raise NotImplementedError(f"fast clipping: LayerScale '{name}' is in-place (inplace=True), "
+                                      f"which overwrites the input its per-example norm needs")
 
 
 def attach_fast_norm_samplers(hooks: GradSampleHooksFastGradientClipping) -> None:

@@ -31,6 +31,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import plan_budget
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
+from pipeline_src.dp.secret_randomness import secret_generator
+from pipeline_src.plan.sharding import NEIGHBOURING
 
 MODES = ("bk", "fast", "ghost", "hooks")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,7 +91,8 @@ def _make_private_bk(engine: PrivacyEngine, model: nn.Module, optimizer: torch.o
 
 def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, mode: str,
                        sigma: float, max_grad_norm: float, accountant: str = "rdp",
-                       noise_generator: torch.Generator | None = None):
+                       noise_generator: torch.Generator | None = None,
+                       sampler_generator: torch.Generator | None = None):
     """Opacus make_private in the chosen mode; returns (engine, module, optimizer, loader).
 
     Args:
@@ -100,13 +103,23 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
         sigma: noise multiplier.
         max_grad_norm: clipping bound C.
         accountant: "rdp" or "prv".
-        noise_generator: generator for the Gaussian noise (reproducibility).
+        noise_generator: generator of the Gaussian noise (default: a secret one on the model's device).
+        sampler_generator: generator of the Poisson sampling (default: a secret CPU one); never
+            the noise generator, and never the global one.
     """
     if mode not in MODES:
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
     if mode == "fast":
         check_fast_supported(model)
+    if noise_generator is None:
+        noise_generator = secret_generator(next(model.parameters()).device)
+    if sampler_generator is None:
+        sampler_generator = secret_generator("cpu")
+    if noise_generator is sampler_generator:
+        raise ValueError("DP-SGD: the noise and the Poisson sampling must not share a generator (the noise "
+                         "would reveal which samples were drawn)")
     engine = PrivacyEngine(accountant=accountant)
+    engine.secure_rng = sampler_generator  # Opacus hands `secure_rng` to its Poisson DPDataLoader
     if mode == "bk":
         return (engine, *_make_private_bk(engine, model, optimizer, loader, sigma=sigma, max_grad_norm=max_grad_norm,
                                           noise_generator=noise_generator))
@@ -122,9 +135,14 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
 
 def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor], labels: torch.Tensor, *, loss_fn: LossFn = per_example_cross_entropy,
                   epochs: int, batch_size: int, lr: float, epsilon: float, delta: float, max_grad_norm: float,
-                  seed: int, mode: str = "bk", accountant: str = "rdp",
-                  progress: Callable[[dict], None] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+                  mode: str = "bk", accountant: str = "rdp",
+                  progress: Callable[[dict], None] | None = None,
+                  noise_generator: torch.Generator | None = None,
+                  sampler_generator: torch.Generator | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """DP-SGD on the trainable parameters of `model` for a target (ε, δ).
+
+    The noise and the Poisson sampling draw from two secret generators (`secret_randomness`):
+    nothing recorded replays them, and the global generator is not touched.
 
     Args:
         model: model whose forward takes a batch of `inputs` (images or cached features);
@@ -139,13 +157,14 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
         epsilon: target ε.
         delta: target δ.
         max_grad_norm: clipping bound C.
-        seed: seeds Poisson sampling and noise.
         mode: "bk" (ours, one backward), "fast" (ours, two backwards), "ghost" or "hooks" (Opacus').
         accountant: "rdp" or "prv".
         progress: called after each step with {"step", "epoch", "loss", "batch"}.
+        noise_generator, sampler_generator: for tests that compare modes on the same coins only;
+            a release leaves both None (secret).
     Returns:
         (state dict of the trainable parameters, privacy record: the planned budget plus
-        epsilon_spent from the engine's accountant, steps_taken and mode).
+        epsilon_spent from the engine's accountant, steps_taken, mode and the neighbouring relation).
     Raises:
         InfeasibleBudget: before any training, if the budget cannot be met.
     """
@@ -158,14 +177,12 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("train_private: the model has no trainable parameter")
-    torch.manual_seed(seed)  # Opacus' Poisson sampler draws from the global generator
     device = trainable[0][1].device
-    noise_gen = torch.Generator(device=device).manual_seed(seed)
     optimizer = torch.optim.SGD([p for _, p in trainable], lr=lr)
     loader = DataLoader(TensorDataset(*xs, labels), batch_size=batch_size)
     engine, module, dp_opt, dp_loader = make_private_model(
         model, optimizer, loader, mode=mode, sigma=budget["sigma"], max_grad_norm=max_grad_norm,
-        accountant=accountant, noise_generator=noise_gen)
+        accountant=accountant, noise_generator=noise_generator, sampler_generator=sampler_generator)
     model.train()
     step = 0
     try:
@@ -192,5 +209,6 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     finally:
         module.cleanup()
     state = {n: p.detach().clone() for n, p in trainable}
-    record = {**budget, "epsilon_spent": spent, "steps_taken": step, "mode": mode}
+    record = {**budget, "epsilon_spent": spent, "steps_taken": step, "mode": mode,
+              "neighbouring": NEIGHBOURING, "noise": "secret (OS CSPRNG seed, not recorded)"}
     return state, record

@@ -30,8 +30,16 @@ from torch.func import stack_module_state
 
 from pipeline_src.last.features import feature_keys, side_inputs
 from pipeline_src.last.low_rank_stream import stacked_logits
-from pipeline_src.last.train import (ADAM_BETAS, ADAM_EPS, ARCH_KEYS, Progress, batch_order, build_side_network,
-                                     check_dataset, normalize_member)
+from pipeline_src.last.train import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    ARCH_KEYS,
+    Progress,
+    batch_order,
+    build_side_network,
+    check_dataset,
+    normalize_member,
+)
 
 
 class _Group:

@@ -10,7 +10,10 @@ timm layout: `blocks.{i}.attn.qkv.weight` (3·H·d_h, D), rows ordered (qkv, hea
 `attn.qkv.bias` (3·H·d_h,) may be absent (qkv_bias=False); `attn.proj.weight` (D, H·d_h),
 columns ordered (head, d_h); `mlp.fc1` (hidden, D), `mlp.fc2` (D, hidden).
 Blocks with parameters these symmetries do not commute with (qk_norm, scale_norm,
-attention gates, GLU MLPs, MLP norm) are refused with an error naming the key.
+attention gates, GLU MLPs, MLP norm) are refused with an error naming the key. A state dict
+cannot show a parameter-free norm (a q_norm/k_norm or attention-output norm without affine
+weights also breaks the rotation), so pass the module (`model=`) to have its modules checked
+by `check_matchable_modules` as well.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import torch
+from torch import nn
 
 from pipeline_src.matching.attention_rotation import HeadWeights, match_attention_layers
 from pipeline_src.matching.ffn_permutation import ffn_permutation, ffn_similarity, permute_ffn
@@ -40,6 +44,57 @@ def _check_supported(sd: dict, base: str, part: str, allowed: set[str]) -> None:
         if key.startswith(stem) and key[len(stem):] not in allowed:
             raise ValueError(f"match_models: key '{key}' is not supported by {part} matching "
                              f"(only {sorted(allowed)}); its layer breaks the symmetry")
+
+
+def check_matchable_modules(model: nn.Module, blocks: Iterable[int] | None = None, *, attention: bool = True,
+                            ffn: bool = True, prefix: str = "") -> None:
+    """Refuse blocks whose MODULES break the symmetries matching relies on, parameters or not.
+
+    Per-head rotations and scalings of Q/K (and V/O) preserve the function only when nothing
+    acts on q, k or the attention output between the projections: a q_norm/k_norm (qk_norm) or
+    an attention-output norm (scale_norm) does, even without affine parameters (LayerNorm
+    centres over d_h, so LN(R·q) ≠ R·LN(q); any norm undoes a scaling). FFN permutation needs a
+    plain timm ``Mlp`` (no GLU, no hidden norm).
+
+    Args:
+        model: module holding `{prefix}blocks` (a timm VisionTransformer, or a wrapper of one).
+        blocks: block indices to check; None = all.
+        attention: check the attention modules.
+        ffn: check the MLPs.
+        prefix: key prefix of the VisionTransformer inside `model` (e.g. "backbone.").
+    Raises:
+        ValueError: naming the first offending module path and its type.
+    """
+    from timm.layers import Attention, Mlp
+
+    try:
+        container = model.get_submodule(f"{prefix}blocks")
+    except AttributeError:
+        raise ValueError(f"match_models: model {type(model).__name__} has no '{prefix}blocks'") from None
+    chosen = range(len(container)) if blocks is None else list(blocks)
+    for i in chosen:
+        path, blk = f"{prefix}blocks.{i}", container[i]
+        if attention:
+            attn = getattr(blk, "attn", None)
+            if type(attn) is not Attention:
+                raise ValueError(f"match_models: '{path}.attn' is {type(attn).__name__}, not timm Attention; "
+                                 "its rotation symmetry is not known (RoPE, fused projections, ...)")
+            for name in ("q_norm", "k_norm", "norm"):
+                m = getattr(attn, name)
+                if not isinstance(m, nn.Identity):
+                    raise ValueError(f"match_models: '{path}.attn.{name}' ({type(m).__name__}) breaks the attention "
+                                     "rotation/scaling symmetry, with or without parameters; attention matching "
+                                     "unsupported (qk_norm / scale_norm)")
+            if getattr(attn, "gate", None) is not None:
+                raise ValueError(f"match_models: '{path}.attn.gate' (gated attention) breaks the V/O rotation symmetry")
+        if ffn:
+            mlp = getattr(blk, "mlp", None)
+            if type(mlp) is not Mlp:
+                raise ValueError(f"match_models: '{path}.mlp' is {type(mlp).__name__}, not timm Mlp; "
+                                 "FFN permutation unsupported (GLU/SwiGLU MLPs)")
+            if not isinstance(mlp.norm, nn.Identity):
+                raise ValueError(f"match_models: '{path}.mlp.norm' ({type(mlp.norm).__name__}) is not permuted by "
+                                 "FFN matching; FFN matching unsupported")
 
 
 def _attention(sd: dict, base: str) -> HeadWeights:
@@ -82,6 +137,7 @@ def match_to_anchor(
     head_permutation: bool = False,
     prefix: str = "",
     workers: int | None = None,
+    model: nn.Module | None = None,
 ) -> dict:
     """Return `model_sd` transformed (same function) to be close to `anchor_sd`.
 
@@ -101,6 +157,9 @@ def match_to_anchor(
         workers: threads solving the per-block FFN assignments (the slowest step, ~0.3 s per
             ViT-B block on one CPU core) while this thread computes the next block's similarity
             and then matches the attention of all blocks; default os.cpu_count().
+        model: a module of the architecture both state dicts belong to (keys as in them); its
+            modules are checked by `check_matchable_modules` first. Without it only the keys
+            are checked, which cannot see a parameter-free q_norm/k_norm or attention norm.
     """
     all_blocks = block_indices(model_sd, prefix)
     if not all_blocks:
@@ -111,6 +170,8 @@ def match_to_anchor(
     missing = sorted(set(chosen) - set(all_blocks))
     if missing:
         raise ValueError(f"match_models: blocks {missing} not in the model (has {all_blocks})")
+    if model is not None:
+        check_matchable_modules(model, chosen, attention=attention, ffn=ffn, prefix=prefix)
     for i in chosen:  # validate everything before any work starts
         base = f"{prefix}blocks.{i}."
         for sd in (anchor_sd, model_sd):

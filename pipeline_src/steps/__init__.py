@@ -1,1 +1,24 @@
-"""Pipeline steps: one module per Snakemake rule, each with `main(args: StepArgs)`."""
+"""Pipeline steps, grouped like the rules (core steps here; fusion/, privacy/, forget/ for the
+studies): each module has `main(args: StepArgs)`.
+
+Every rule runs the one script `workflow/scripts/step.py`, which runs `step_of_rule(rule)`: the
+module named like the rule, unless the table below says otherwise.
+"""
+from __future__ import annotations
+
+# rule name -> step module below pipeline_src.steps, where they differ
+RULE_STEPS = {
+    "evaluate_shard": "evaluate", "evaluate_soup": "evaluate", "evaluate_ensemble": "evaluate",
+    "fusion_train": "fusion.train", "fusion_match": "fusion.match", "fuse": "fusion.fuse",
+    "train_private": "privacy.train", "compose_private": "privacy.compose", "evaluate_private": "privacy.evaluate",
+    "forget_manifest": "forget.manifest", "unlearn_drop": "forget.drop", "unlearn_retrain": "forget.retrain",
+    "unlearn_paragon": "forget.paragon",
+}
+VECTORIZED_RULE = "train_vectorized_"  # one rule per method and shard count: train_vectorized_{method}_n{N}
+
+
+def step_of_rule(rule: str) -> str:
+    """The step module (below `pipeline_src.steps`) that runs a rule's jobs."""
+    if rule.startswith(VECTORIZED_RULE):
+        return "train_vectorized"
+    return RULE_STEPS.get(rule, rule)

@@ -6,9 +6,10 @@ in Δw); the components must share one linearization point, and are refused othe
 """
 from __future__ import annotations
 
-from pipeline_src.composition import average_states
-from pipeline_src.model_io import load_model, save_model
-from pipeline_src.step_args import StepArgs
+from pipeline_src.methods.composition import average_states
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.model_io import load_model, save_model
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
 
 
@@ -28,7 +29,7 @@ def main(args: StepArgs) -> None:
         raise ValueError("compose: shard models were trained from different backbones; refusing to average")
     first = records[0]
     weights = composition_weights(records, args.config["compose_weights"])
-    if first["method_config"]["kind"] == "taft":
+    if kind_of(first["method_config"]).tangent:
         check_same_linearization([r["linearization_id"] for r in records])
         state = compose_deltas(states, weights)
     else:

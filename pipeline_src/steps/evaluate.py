@@ -7,15 +7,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline_src.composition import ensemble_logits
-from pipeline_src.datasets import to_model_input
-from pipeline_src.evaluation import classification_metrics
-from pipeline_src.metrics import metric_rows, write_metrics
-from pipeline_src.model_io import load_tuned_model
-from pipeline_src.runtime import resolve_device, set_up_job
-from pipeline_src.sample_store import SampleStore
-from pipeline_src.step_args import StepArgs
-from pipeline_src.training import batched_apply
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.methods.composition import ensemble_logits
+from pipeline_src.methods.evaluation import classification_metrics
+from pipeline_src.methods.loading import load_tuned_model
+from pipeline_src.methods.training import batched_apply
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
 def main(args: StepArgs) -> None:

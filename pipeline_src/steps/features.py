@@ -2,21 +2,20 @@
 the input of the last k blocks; `blocks`: every block's output, for LAST), for every sample, so shard jobs never rerun the frozen blocks."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from pipeline_src.atomic import atomic_path
-from pipeline_src.backbone import load_backbone
-from pipeline_src.datasets import to_model_input
+from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.vit_parts import vit_prefix
 from pipeline_src.last.features import extract_features
-from pipeline_src.runtime import resolve_device, set_up_job
-from pipeline_src.sample_store import SampleStore
-from pipeline_src.step_args import StepArgs
-from pipeline_src.training import batched_apply
-from pipeline_src.vit_parts import vit_prefix
+from pipeline_src.methods.training import batched_apply
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.atomic import atomic_path
 
 
 def main(args: StepArgs) -> None:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline_src.datasets import assign_splits, list_samples, load_images
-from pipeline_src.sample_store import save_samples
-from pipeline_src.step_args import StepArgs
+from pipeline_src.data.images import load_images
+from pipeline_src.data.sample_store import save_samples
+from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.runner.step_args import StepArgs
 
 
 def main(args: StepArgs) -> None:

@@ -10,13 +10,13 @@ import time
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from pipeline_src.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
-from pipeline_src.datasets import to_model_input
-from pipeline_src.metrics import metric_rows, write_metrics
-from pipeline_src.runtime import resolve_device, set_up_job
-from pipeline_src.sample_store import SampleStore
-from pipeline_src.step_args import StepArgs
-from pipeline_src.training import batched_apply, fit
+from pipeline_src.data.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.methods.training import batched_apply, fit
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
 def main(args: StepArgs) -> None:

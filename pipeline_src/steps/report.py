@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline_src.atomic import write_text
-from pipeline_src.report import REPORTS
-from pipeline_src.results_db import connect
-from pipeline_src.step_args import StepArgs
+from pipeline_src.reports.report import REPORTS
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.atomic import write_text
+from pipeline_src.store.results_db import connect
 
 
 def main(args: StepArgs) -> None:

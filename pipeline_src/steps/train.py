@@ -8,17 +8,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from pipeline_src.backbone import load_backbone
-from pipeline_src.datasets import to_model_input
-from pipeline_src.methods import TunedModel, build_tuned_model, get_method
-from pipeline_src.model_io import save_model
-from pipeline_src.provenance import state_digest
-from pipeline_src.runtime import resolve_device, set_up_job
-from pipeline_src.sample_store import SampleStore
-from pipeline_src.sharding import shard_ids
-from pipeline_src.step_args import StepArgs
+from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
+from pipeline_src.methods.training import batched_apply
+from pipeline_src.plan.sharding import shard_ids
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.features import load_rows
-from pipeline_src.training import batched_apply
+from pipeline_src.store.model_io import save_model
+from pipeline_src.store.provenance import state_digest
 
 
 def train_settings(cfg: dict, method_cfg: dict) -> dict:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from pipeline_src.methods import taft_options
-from pipeline_src.step_args import StepArgs
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.methods.registry import taft_options
+from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import load_job, shard_seed
 from pipeline_src.taft.train import train_tangent_vectorized
 
@@ -15,7 +16,7 @@ def main(args: StepArgs) -> None:
     # One rule per method and N: they come as params, not wildcards.
     args.wildcards.update(method=args.params["method"], shards=str(args.params["shards"]))
     job = load_job(args)
-    if job.method_cfg["kind"] != "taft":
+    if not kind_of(job.method_cfg).tangent:
         raise ValueError(f"config key 'methods.{job.name}.vectorized_shards': only kind 'taft' trains vectorized")
     model = job.new_model()
     t0 = time.perf_counter()

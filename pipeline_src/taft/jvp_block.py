@@ -8,6 +8,10 @@ and scale s = 1/√d_h:
     S  = s·Q·Kᵀ,            P  = softmax(S),          A  = P·V
     dS = s·(dQ·Kᵀ + Q·dKᵀ),  dP = P ⊙ (dS − rowsum(P ⊙ dS)),  dA = dP·V + P·dV
 The row sum is an O(N²) reduction (never diag(dS·Pᵀ), which is O(N³)).
+
+qk_norm (timm ``qk_norm=True``; Dehghani et al. 2023, "Scaling Vision Transformers to 22
+Billion Parameters", §3.1): a LayerNorm over d_h on each head's q and k before the scale,
+so (Q, dQ) ← LN-JVP(Q, dQ) per head, with the LayerNorm JVP of `TangentLayerNorm`.
 """
 from __future__ import annotations
 
@@ -18,11 +22,11 @@ import torch.nn as nn
 
 from pipeline_src.taft.jvp_layers import (
     Tangent,
-    TangentGELU,
     TangentLayerNorm,
     TangentLayerScale,
     TangentLinear,
     add_tangents,
+    tangent_activation,
 )
 
 
@@ -40,7 +44,8 @@ def dropout_rate(module: nn.Module) -> float:
 
 
 class TangentAttention(nn.Module):
-    """JVP of timm ``Attention`` (fused qkv, optional qkv bias, no qk_norm/scale_norm/gate).
+    """JVP of timm ``Attention`` (fused qkv, optional qkv bias and LayerNorm qk_norm; no
+    scale_norm or gate).
 
     Args:
         base: timm ``Attention``.
@@ -55,8 +60,6 @@ class TangentAttention(nn.Module):
 
         if type(base) is not Attention:
             raise TypeError(f"TAFT: unsupported attention module {type(base).__name__} (only timm Attention)")
-        _require_identity(base.q_norm, "attn.q_norm (qk_norm=True)")
-        _require_identity(base.k_norm, "attn.k_norm (qk_norm=True)")
         _require_identity(base.norm, "attn.norm (scale_attn_norm=True)")
         if getattr(base, "gate", None) is not None:
             raise ValueError("TAFT: unsupported attn.gate (gated attention)")
@@ -65,15 +68,28 @@ class TangentAttention(nn.Module):
         self.attn_dim = base.attn_dim
         self.scale = base.scale
         self.qkv = TangentLinear(base.qkv, delta_init_std, generator)
+        self.q_norm = _qk_norm(base.q_norm, "attn.q_norm", delta_init_std, generator)
+        self.k_norm = _qk_norm(base.k_norm, "attn.k_norm", delta_init_std, generator)
         self.proj = TangentLinear(base.proj, delta_init_std, generator)
 
     def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
         B, N, _ = x.shape
         H, dh = self.num_heads, self.head_dim
         qkv, dqkv = self.qkv(x, t)  # (B, N, 3·H·dh) each
-        # (B, N, 3, H, dh) -> (3, B·H, N, dh): contiguous per-head matrices for bmm.
-        q, k, v = qkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).reshape(3, B * H, N, dh).unbind(0)
-        dq, dk, dv = dqkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).reshape(3, B * H, N, dh).unbind(0)
+        if self.q_norm is None and self.k_norm is None:
+            # (B, N, 3, H, dh) -> (3, B·H, N, dh): contiguous per-head matrices for bmm.
+            q, k, v = qkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).reshape(3, B * H, N, dh).unbind(0)
+            dq, dk, dv = dqkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).reshape(3, B * H, N, dh).unbind(0)
+        else:
+            # The norms' Δ modules see (B, H, N, dh) with the batch first, as Opacus' per-sample
+            # rules need; only then are heads folded into the bmm batch.
+            q, k, v = qkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+            dq, dk, dv = dqkv.reshape(B, N, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+            if self.q_norm is not None:
+                q, dq = self.q_norm(q, dq)
+            if self.k_norm is not None:
+                k, dk = self.k_norm(k, dk)
+            q, k, v, dq, dk, dv = (z.reshape(B * H, N, dh) for z in (q, k, v, dq, dk, dv))
         q = q * self.scale
         dq = dq * self.scale
         kt = k.transpose(1, 2)
@@ -92,7 +108,7 @@ class TangentAttention(nn.Module):
 
 
 class TangentMlp(nn.Module):
-    """JVP of timm ``Mlp``: fc1 → GELU → fc2 (no hidden norm).
+    """JVP of timm ``Mlp``: fc1 → GELU or QuickGELU → fc2 (no hidden norm).
 
     Args:
         base: timm ``Mlp``.
@@ -111,7 +127,7 @@ class TangentMlp(nn.Module):
         if type(base.fc1) is not nn.Linear:
             raise TypeError("TAFT: unsupported Mlp with use_conv=True")
         self.fc1 = TangentLinear(base.fc1, delta_init_std, generator)
-        self.act = TangentGELU(base.act)
+        self.act = tangent_activation(base.act)
         self.fc2 = TangentLinear(base.fc2, delta_init_std, generator)
 
     def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +172,16 @@ class TangentBlock(nn.Module):
         x, t = x + a, add_tangents(t, da)
         m, dm = self.ls2(*self.mlp(*self.norm2(x, t)))
         return x + m, t + dm
+
+
+def _qk_norm(base: nn.Module, what: str, delta_init_std: float,
+             generator: Optional[torch.Generator]) -> Optional[TangentLayerNorm]:
+    if isinstance(base, nn.Identity):
+        return None
+    try:
+        return TangentLayerNorm(base, delta_init_std, generator)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"TAFT: unsupported {what} (qk_norm=True with {type(base).__name__}): {e}") from e
 
 
 def _layer_scale(base: nn.Module, delta_init_std: float, generator: Optional[torch.Generator]) -> nn.Module:

@@ -181,7 +181,8 @@ class TangentGELU(nn.Module):
 
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
-        from timm.layers.activations import GELU as TimmGELU, GELUTanh
+        from timm.layers.activations import GELU as TimmGELU
+        from timm.layers.activations import GELUTanh
 
         if type(base) is nn.GELU:
             self.approximate = base.approximate
@@ -197,6 +198,61 @@ class TangentGELU(nn.Module):
         if t is None:
             return F.gelu(x, approximate=self.approximate), None
         return gelu_jvp(x, t, self.approximate)
+
+
+_QUICK_GELU_A = 1.702
+
+
+def quick_gelu_jvp(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """QuickGELU q(x) = x·σ(a·x), a = 1.702, and its JVP q'(x)·t with
+    q'(x) = σ(ax) + a·x·σ(ax)(1 − σ(ax)) (closed form; differentiable in t).
+
+    Radford et al. 2021, "Learning Transferable Visual Models From Natural Language
+    Supervision" (CLIP; the activation of OpenAI's image towers, timm ``quick_gelu``).
+
+    Args:
+        x: primal pre-activation.
+        t: its tangent.
+    """
+    s = torch.sigmoid(_QUICK_GELU_A * x)
+    return x * s, s * (1.0 + _QUICK_GELU_A * x * (1.0 - s)) * t
+
+
+class TangentQuickGELU(nn.Module):
+    """JVP of timm ``QuickGELU`` (no parameters), see `quick_gelu_jvp`.
+
+    Args:
+        base: timm ``QuickGELU``.
+    """
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        from timm.layers.activations import QuickGELU
+
+        if type(base) is not QuickGELU:
+            raise TypeError(f"TangentQuickGELU supports timm QuickGELU only, got {type(base).__name__}")
+
+    def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, Tangent]:
+        if t is None:
+            return x * torch.sigmoid(_QUICK_GELU_A * x), None
+        return quick_gelu_jvp(x, t)
+
+
+def tangent_activation(base: nn.Module) -> nn.Module:
+    """The JVP module of an MLP activation: GELU (erf/tanh) or QuickGELU; anything else raises.
+
+    Args:
+        base: the activation module of a timm ``Mlp``.
+    """
+    from timm.layers.activations import QuickGELU
+
+    if type(base) is QuickGELU:
+        return TangentQuickGELU(base)
+    try:
+        return TangentGELU(base)
+    except TypeError:
+        raise TypeError(f"TAFT: unsupported mlp activation {type(base).__name__} "
+                        "(supported: nn.GELU, timm GELU, GELUTanh, QuickGELU)") from None
 
 
 class DeltaScale(nn.Module):

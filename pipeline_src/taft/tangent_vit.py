@@ -9,9 +9,14 @@ where w are the frozen base weights of the last k blocks, the final norm /
 fc_norm and the head; the first depth−k blocks, patch embed, class/register
 tokens and position embedding form a frozen prefix whose output can be cached.
 
-Supported: timm ``Block`` with ``Attention`` (fused qkv, bias on/off) and ``Mlp``
-(GELU erf or tanh), LayerScale, LayerNorm final norm or fc_norm, 'token' or
-'avg' pooling (register tokens ride along in the prefix). Anything else raises.
+Supported: timm ``Block`` with ``Attention`` (fused qkv, bias on/off, LayerNorm
+qk_norm) and ``Mlp`` (GELU erf or tanh, QuickGELU), LayerScale, LayerNorm final norm
+or fc_norm, 'token' or 'avg' pooling (register tokens, ``norm_pre`` and the
+embeddings ride along in the frozen prefix), and DeiT's distilled model
+(``VisionTransformerDistilled``; Touvron et al. 2021, "Training data-efficient image
+transformers & distillation through attention"): the class and distillation tokens
+feed ``head`` and ``head_dist``, both linearized, and the output is their mean, as
+timm's eval forward. Anything else raises (SigLIP 'map' pooling, SwiGLU MLPs, ...).
 
 ``reset=True`` ("PT=F") re-initializes the linearized modules with timm's init
 under ``reset_seed`` on CPU, so every shard built with the same seed shares the
@@ -31,7 +36,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from pipeline_src.provenance import state_digest
+from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.jvp_block import TangentBlock, dropout_rate
 from pipeline_src.taft.jvp_layers import Tangent, TangentLayerNorm, TangentLinear, _init_delta_
 
@@ -49,13 +54,27 @@ def check_supported(base: nn.Module, k: int, reset_cls: bool = False) -> None:
     if not 1 <= k <= depth:
         raise ValueError(f"TAFT: k must be in 1..depth={depth}, got k={k}")
     if base.attn_pool is not None:
-        raise ValueError(f"TAFT: unsupported attn_pool (global_pool={base.global_pool!r})")
+        raise ValueError(f"TAFT: unsupported attn_pool {type(base.attn_pool).__name__} "
+                         f"(global_pool={base.global_pool!r}, SigLIP-style attention pooling)")
     if base.global_pool not in _SUPPORTED_POOLS:
         raise ValueError(f"TAFT: unsupported global_pool={base.global_pool!r}; supported: {_SUPPORTED_POOLS}")
     if not isinstance(base.head, nn.Linear):
         raise ValueError("TAFT: base.head must be nn.Linear (num_classes > 0)")
+    if is_distilled(base):
+        if not isinstance(base.head_dist, nn.Linear):
+            raise ValueError("TAFT: base.head_dist (the distillation token's head) must be nn.Linear")
+        if not isinstance(base.fc_norm, nn.Identity):
+            raise ValueError("TAFT: a distilled ViT (dist_token) with fc_norm is unsupported: "
+                             "timm's distilled head skips fc_norm")
     if reset_cls and not base.has_class_token:
         raise ValueError("TAFT: reset_cls=True needs a model with a class token (class_token=True)")
+
+
+def is_distilled(base: nn.Module) -> bool:
+    """True for DeiT's ``VisionTransformerDistilled`` (class and distillation tokens, two heads)."""
+    from timm.models.deit import VisionTransformerDistilled
+
+    return isinstance(base, VisionTransformerDistilled)
 
 
 def _stochastic_modules(base: nn.Module) -> list[str]:
@@ -68,11 +87,14 @@ def _build_prefix(base: nn.Module, n_prefix: int) -> nn.Module:
 
     The deepcopy memo maps the linearized modules to placeholders, so they are never copied.
     """
-    skip = [*base.blocks[n_prefix:], base.norm, base.fc_norm, base.head, base.head_drop]
+    heads = [base.head, base.head_dist] if is_distilled(base) else [base.head]
+    skip = [*base.blocks[n_prefix:], base.norm, base.fc_norm, base.head_drop, *heads]
     memo = {id(m): nn.Identity() for m in skip}
     prefix = copy.deepcopy(base, memo)
     prefix.blocks = nn.Sequential(*list(prefix.blocks)[:n_prefix])
     prefix.norm, prefix.fc_norm, prefix.head_drop, prefix.head = (nn.Identity() for _ in range(4))
+    if is_distilled(base):
+        prefix.head_dist = nn.Identity()
     prefix.requires_grad_(False)
     return prefix.eval()
 
@@ -116,21 +138,25 @@ class TangentViT(nn.Module):
         self.global_pool = base.global_pool
         self.num_prefix_tokens = base.num_prefix_tokens
         self.pool_include_prefix = bool(base.pool_include_prefix)
+        self.distilled = is_distilled(base)
         self._stochastic = _stochastic_modules(base)
         n_prefix = self.depth - k
 
         self.prefix_net = _build_prefix(base, n_prefix)
         lin = copy.deepcopy(nn.ModuleDict({
             "blocks": nn.ModuleList(base.blocks[n_prefix:]), "norm": base.norm,
-            "fc_norm": base.fc_norm, "head": base.head}))
+            "fc_norm": base.fc_norm, "head": base.head, **({"head_dist": base.head_dist} if self.distilled else {})}))
         if reset:
-            _reset_([lin["blocks"], lin["norm"], lin["fc_norm"], lin["head"]], self.reset_seed)
+            _reset_(list(lin.values()), self.reset_seed)
         gen = torch.Generator().manual_seed(self.reset_seed + 1) if delta_init_std > 0 else None
 
         self.blocks = nn.ModuleList(TangentBlock(b, delta_init_std, gen) for b in lin["blocks"])
         self.norm = self._tangent_norm(lin["norm"], "norm", delta_init_std, gen)
         self.fc_norm = self._tangent_norm(lin["fc_norm"], "fc_norm", delta_init_std, gen)
         self.head = TangentLinear(lin["head"], delta_init_std, gen)
+        # DeiT's distillation-token head (None otherwise); created after `head` so the Δ init
+        # draws of every other module are those of a plain ViT.
+        self.head_dist = TangentLinear(lin["head_dist"], delta_init_std, gen) if self.distilled else None
         if reset_cls:
             ref = base.cls_token
             cls = torch.randn(ref.shape, generator=torch.Generator().manual_seed(self.reset_seed + 2),
@@ -178,10 +204,16 @@ class TangentViT(nn.Module):
             h, t = blk(h, t)
         if self.norm is not None:
             h, t = self.norm(h, t)
-        h, t = self._pool(h), self._pool(t)
-        if self.fc_norm is not None:
-            h, t = self.fc_norm(h, t)
-        y, dy = self.head(h, t)
+        if self.head_dist is not None:
+            # timm's eval forward: mean of the class-token head and the distillation-token head.
+            y, dy = self.head(h[:, 0], None if t is None else t[:, 0])
+            yd, dyd = self.head_dist(h[:, 1], None if t is None else t[:, 1])
+            y, dy = (y + yd) / 2, (dy + dyd) / 2
+        else:
+            h, t = self._pool(h), self._pool(t)
+            if self.fc_norm is not None:
+                h, t = self.fc_norm(h, t)
+            y, dy = self.head(h, t)
         return dy if self.jvp_only else y + dy
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:

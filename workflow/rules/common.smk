@@ -1,19 +1,24 @@
 # Validation, paths and input functions shared by all rules.
 import json
+import os
 import sys
 
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
+# Jobs, the fork server and Slurm jobs inherit this: they run this workflow's package, never
+# another checkout's that an editable install of one shared virtualenv points at.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir])
 
-from pipeline_src.config import ConfigError, validate_config
-from pipeline_src.method_kinds import feature_cache
-from pipeline_src.environment import warn_on_lock_drift
+from pipeline_src.plan.config import ConfigError, validate_config
+from pipeline_src.methods.kinds import feature_cache
+from pipeline_src.plan.environment import warn_on_lock_drift
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
 
 try:
-    _validated = validate_config(config)
+    _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()
@@ -34,6 +39,7 @@ wildcard_constraints:
     seed=r"\d+",
     shard=r"\d+",
     cache=r"last\d+|blocks",
+    name=r"upstream|(train|private)-[^/]+",
 
 
 def mem_per_attempt(mb):
@@ -77,6 +83,48 @@ def train_inputs_of(method_name, shards, seed, shard=None):
     if config["features"]["cache"] and cache is not None:
         inputs["features"] = f"{R}/features/{cache}/features.safetensors"
     return inputs
+
+
+def shard_job_inputs(w, signature):
+    """A shard job's inputs: its own manifest, and the signature files of its settings and of the
+    shared upstream (rule `signature`), by timestamp; the shared upstream files (samples,
+    backbone, features) as `ancient`, so a rerun of `prepare` or `features` for new data does not
+    rerun shards whose members did not change (the shard manifest job has no inputs: forget.smk)."""
+    inputs = {k: v if k == "manifest" else ancient(v) for k, v in train_inputs(w).items()}
+    return {**inputs, "signature": signature_path(signature), "upstream": signature_path("upstream")}
+
+
+def signature_path(name):
+    return f"{R}/signatures/{name}.json"
+
+
+def signature_value(name):
+    """The parse-time signature behind `signature_path(name)`: `upstream`, `train-<method>` or
+    `private-<method>`."""
+    if name == "upstream":
+        return upstream_signature()
+    job, method = name.split("-", 1)
+    return signature_of(method) if job == "train" else private_signature_of(method)
+
+
+def upstream_signature():
+    """Canonical JSON of what the shared upstream files hold for a shard job besides its own
+    members: dataset settings, backbone (and its pretraining data), features, data seed."""
+    from pipeline_src.plan.sharding import membership_digest
+    from pipeline_src.plan.forget import samples_table
+
+    t = samples_table(config).to_pydict()
+    source_ids = [i for i, task in zip(t["sample_id"], t["task"]) if task == "source"]
+    return json.dumps({"dataset": config["dataset"], "backbone": config["backbone"], "features": config["features"],
+                       "seed": config["seed"], "pretrain_data": membership_digest(source_ids)}, sort_keys=True)
+
+
+def dataset_listing_digest():
+    """Digest of every listed sample id: `prepare` reruns when files are added or removed."""
+    from pipeline_src.plan.sharding import membership_digest
+    from pipeline_src.plan.forget import samples_table
+
+    return membership_digest(samples_table(config).column("sample_id").to_pylist())
 
 
 def shard_models(w):

@@ -9,4 +9,4 @@ rule compose:
     benchmark:
         f"{R}/logs/compose/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     script:
-        "../scripts/compose.py"
+        "../scripts/step.py"

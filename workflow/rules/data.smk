@@ -4,17 +4,34 @@ rule prepare:
         images=f"{R}/prepare/images.safetensors",
     params:
         signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
+        listing=dataset_listing_digest(),
     log:
         f"{R}/logs/prepare/prepare.log",
     benchmark:
         f"{R}/logs/prepare/prepare.bench.tsv"
     script:
-        "../scripts/prepare.py"
+        "../scripts/step.py"
+
+
+localrules:
+    signature,
+
+
+rule signature:
+    output:
+        signature=signature_path("{name}"),
+    params:
+        value=lambda w: signature_value(w.name),
+    log:
+        f"{R}/logs/signature/{{name}}.log",
+    script:
+        "../scripts/step.py"
 
 
 rule pretrain:
-    input:
-        samples=rules.prepare.output.samples,
+    input:  # ancient: new target-task data must not retrain the backbone; the signature covers its data
+        samples=ancient(f"{R}/prepare/samples.parquet"),  # a new string: ancient() flags its argument in place
+        upstream=signature_path("upstream"),
     output:
         model=f"{R}/pretrain/model.safetensors",
         record=f"{R}/pretrain/backbone.json",
@@ -30,17 +47,4 @@ rule pretrain:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     script:
-        "../scripts/pretrain.py"
-
-
-rule split:
-    input:
-        samples=rules.prepare.output.samples,
-    output:
-        manifest=f"{R}/split/n{{shards}}_s{{seed}}/manifest.parquet",
-    log:
-        f"{R}/logs/split/n{{shards}}_s{{seed}}.log",
-    benchmark:
-        f"{R}/logs/split/n{{shards}}_s{{seed}}.bench.tsv"
-    script:
-        "../scripts/split.py"
+        "../scripts/step.py"

@@ -16,7 +16,7 @@ rule evaluate_shard:
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     script:
-        "../scripts/evaluate.py"
+        "../scripts/step.py"
 
 
 rule evaluate_soup:
@@ -33,7 +33,7 @@ rule evaluate_soup:
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     script:
-        "../scripts/evaluate.py"
+        "../scripts/step.py"
 
 
 rule evaluate_ensemble:
@@ -50,4 +50,4 @@ rule evaluate_ensemble:
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.bench.tsv"
     script:
-        "../scripts/evaluate.py"
+        "../scripts/step.py"

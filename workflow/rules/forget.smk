@@ -1,11 +1,13 @@
 # Forgetting through the DAG, and the unlearning study (Figure 1 of the TAFT paper).
 #
 # Every shard's training set is its own manifest `split/n{N}_s{seed}/shard{i}.parquet`, whose
-# params are the forgotten ids that fall in shard i (known at DAG-build time: the samples table
-# and the split are pure functions of the config). A forget request therefore changes the params
-# of the affected shards' manifest jobs only, and Snakemake reruns those jobs and their
-# dependants (training, composition, evaluation, report) and nothing else.
-from pipeline_src.unlearning import check_forget_section, forgotten_in_shard
+# params are its members minus the forgotten ids that fall in shard i (known at DAG-build time:
+# the samples table and the keyed-hash split are pure functions of the config and the dataset
+# listing). A forget request, or new or removed data, therefore changes the params of the
+# affected shards' manifest jobs only, and Snakemake reruns those jobs and their dependants
+# (training, composition, evaluation, report) and nothing else.
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, shard_members
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -21,17 +23,15 @@ localrules:
 
 
 rule forget_manifest:
-    input:
-        samples=rules.prepare.output.samples,
-        manifest=rules.split.output.manifest,
-    output:
+    output:  # no input files: the members are params, so only shards whose members change rerun
         manifest=f"{R}/split/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
     params:
+        members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
         forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
     log:
         f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     script:
-        "../scripts/forget_manifest.py"
+        "../scripts/step.py"
 
 
 # ---------------------------------------------------------------- the study
@@ -40,7 +40,7 @@ def _fraction_tag(f):
 
 
 def _study_cache_input(w):
-    from pipeline_src.method_kinds import feature_cache
+    from pipeline_src.methods.kinds import feature_cache
 
     cache = feature_cache(config["methods"][w.method])
     if config["features"]["cache"] and cache is not None:
@@ -51,7 +51,7 @@ def _study_cache_input(w):
 def unlearn_drop_inputs(w):
     inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
               "models": shard_models(w)}
-    if config["methods"][w.method]["kind"] == "taft":
+    if kind_of(config["methods"][w.method]).tangent:
         inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
     return inputs
 
@@ -82,7 +82,7 @@ rule unlearn_drop:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
     script:
-        "../scripts/unlearn_drop.py"
+        "../scripts/step.py"
 
 
 rule unlearn_retrain:
@@ -105,7 +105,7 @@ rule unlearn_retrain:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/unlearn_retrain.py"
+        "../scripts/step.py"
 
 
 rule unlearn_paragon:
@@ -129,7 +129,7 @@ rule unlearn_paragon:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/unlearn_paragon.py"
+        "../scripts/step.py"
 
 
 def unlearning_targets():

@@ -3,7 +3,7 @@
 # evaluated. `init` is `shared` (the study's shard models) or `random_reinit` (shard models whose
 # tuned blocks start from per-shard random inits, trained by `fusion_train`). Its metrics files are
 # appended to STUDY_METRICS, so `report` (and `all`) build them when `fusion.enabled` is true.
-from pipeline_src.fusion_study import FUSIONS, INITS, MATCHINGS, FusionConfigError, check_fusion_config, fusion_targets
+from pipeline_src.plan.fusion import FUSIONS, INITS, MATCHINGS, FusionConfigError, check_fusion_config, fusion_targets
 
 try:
     check_fusion_config(config)
@@ -59,7 +59,7 @@ rule fusion_train:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/fusion_train.py"
+        "../scripts/step.py"
 
 
 rule fusion_match:
@@ -80,7 +80,7 @@ rule fusion_match:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/fusion_match.py"
+        "../scripts/step.py"
 
 
 rule fuse:
@@ -103,7 +103,7 @@ rule fuse:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/fuse.py"
+        "../scripts/step.py"
 
 
 FUSION_METRICS = fusion_targets(config, R)

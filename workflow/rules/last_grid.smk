@@ -2,8 +2,8 @@
 # LAST side networks (lrs x ranks x heads x every x modules_per_block x init_seeds on the base
 # `last` method) at once on shard 0's cached 'blocks' features and evaluates each on val and test.
 # Its metrics files are appended to STUDY_METRICS, so `report` (and `all`) build them when
-# `last_grid.enabled` is true. Checked at validation (pipeline_src/config.py).
-from pipeline_src.steps.last_grid import grid_points, last_grid_targets
+# `last_grid.enabled` is true. Checked at validation (pipeline_src/plan/config.py).
+from pipeline_src.plan.last_grid import grid_points, last_grid_targets
 
 
 def last_grid_inputs(w):
@@ -32,7 +32,7 @@ rule last_grid:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/last_grid.py"
+        "../scripts/step.py"
 
 
 LAST_GRID_METRICS = last_grid_targets(config, R)

@@ -2,7 +2,8 @@
 # count x shard x seed from the cached features, DP taft shards composed by their Δw sum,
 # every DP model evaluated. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
 # so `report` (and `all`) build them; `snakemake privacy` builds them alone.
-from pipeline_src.privacy_config import epsilon_label, privacy_methods
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.plan.privacy import epsilon_label, privacy_methods
 
 PRIV = config["privacy"]
 PRIVATE = f"{R}/private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
@@ -16,9 +17,13 @@ wildcard_constraints:
 
 
 def private_signature(w):
+    return private_signature_of(w.method)
+
+
+def private_signature_of(method_name):
     """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
-    method = dict(config["methods"][w.method])
-    if method["kind"] == "taft" and PRIV["jvp_only"] is not None:
+    method = dict(config["methods"][method_name])
+    if kind_of(method).tangent and PRIV["jvp_only"] is not None:
         method["jvp_only"] = PRIV["jvp_only"]
     dp = {k: PRIV[k] for k in ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")}
     return json.dumps({"method": method, "dp": dp, "head_seed": config["seed"]}, sort_keys=True)
@@ -46,7 +51,7 @@ def private_evaluation_targets():
     or the ensemble (other kinds) of the shards."""
     out = []
     for m in privacy_methods(config):
-        composed = "soup" if config["methods"][m]["kind"] == "taft" else "ensemble"
+        composed = "soup" if kind_of(config["methods"][m]).tangent else "ensemble"
         for regime in PRIV["regimes"]:
             for eps in PRIV["epsilons"]:
                 for n in PRIV["shards"]:
@@ -69,7 +74,7 @@ rule privacy:
 
 rule train_private:
     input:
-        unpack(train_inputs),
+        unpack(lambda w: shard_job_inputs(w, f"private-{w.method}")),
     output:
         model=f"{PRIVATE}/shard{{shard}}.safetensors",
         record=f"{PRIVATE}/shard{{shard}}.json",
@@ -84,7 +89,7 @@ rule train_private:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/train_private.py"
+        "../scripts/step.py"
 
 
 rule compose_private:
@@ -98,7 +103,7 @@ rule compose_private:
     benchmark:
         f"{R}/logs/compose_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     script:
-        "../scripts/compose_private.py"
+        "../scripts/step.py"
 
 
 rule evaluate_private:
@@ -114,4 +119,4 @@ rule evaluate_private:
     benchmark:
         f"{R}/logs/evaluate_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/{{dp_model}}.bench.tsv"
     script:
-        "../scripts/evaluate_private.py"
+        "../scripts/step.py"

@@ -15,4 +15,4 @@ rule report:
     log:
         f"{R}/logs/report/report.log",
     script:
-        "../scripts/report.py"
+        "../scripts/step.py"

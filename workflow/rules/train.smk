@@ -13,14 +13,14 @@ rule features:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     script:
-        "../scripts/features.py"
+        "../scripts/step.py"
 
 
 rule train:
     wildcard_constraints:
         method="|".join(m for m in METHODS if m not in VECTORIZED_METHODS) or "(?!)",
     input:
-        unpack(train_inputs),
+        unpack(lambda w: shard_job_inputs(w, f"train-{w.method}")),
     output:
         model=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
@@ -35,7 +35,7 @@ rule train:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     script:
-        "../scripts/train.py"
+        "../scripts/step.py"
 
 
 # Methods with `vectorized_shards: true` train all N shard models in one job (one rule per
@@ -64,4 +64,4 @@ for _method in VECTORIZED_METHODS:
                 mem_mb=mem_per_attempt(RES["train_mem_mb"]),
                 gpu=RES["gpu"],
             script:
-                "../scripts/train_vectorized.py"
+                "../scripts/step.py"

@@ -1,0 +1,1 @@
+"""Job-time data: the sample store, sharding, the backbone."""

@@ -1,0 +1,63 @@
+"""Combining shard models.
+
+- `soup`: the uniform average of the shard models' trained weights (Wortsman et al., "Model
+  soups", ICML 2022); one model, constant inference cost.
+- `ensemble`: the average of the shard models' logits, the SISA baseline (Bourtoule et al.,
+  "Machine Unlearning", IEEE S&P 2021); inference cost grows with the shard count.
+- `subtract_shards`: the inverse for tangent models, forgetting shards without training (TAFT,
+  Liu, Soatto et al., ICLR 2024, §3.3).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from pipeline_src.plan.forget import ForgetRequestError
+from pipeline_src.taft.compose import remaining_weights, subtract_component
+
+
+def average_states(states: list[dict[str, torch.Tensor]], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """Weighted average of state dicts with identical keys and shapes (uniform by default)."""
+    if not states:
+        raise ValueError("nothing to average: no component models")
+    keys = set(states[0])
+    for i, s in enumerate(states[1:], 1):
+        if set(s) != keys:
+            raise ValueError(f"component {i} has different tensors: {sorted(keys ^ set(s))[:3]}")
+    weights = [1.0 / len(states)] * len(states) if weights is None else weights
+    if len(weights) != len(states):
+        raise ValueError(f"{len(weights)} weights for {len(states)} models")
+    return {k: sum(w * s[k].double() for w, s in zip(weights, states)).to(states[0][k].dtype) for k in states[0]}
+
+
+def ensemble_logits(logits: list[torch.Tensor]) -> torch.Tensor:
+    """SISA-style aggregation: the mean of the component models' logits."""
+    return torch.stack(logits).mean(0)
+
+
+def subtract_shards(composed: dict, components: dict[int, dict], weights: Sequence[float], shard_ids: Sequence[int],
+                    remove: Sequence[int]) -> tuple[dict, list[int], list[float]]:
+    """TAFT-subtract: remove shards from a composed tangent model, one at a time, renormalising.
+
+    Each step is `taft.compose.subtract_component`, so the result equals composing the kept
+    shards directly with `remaining_weights` (proportional to their original weights).
+
+    Args:
+        composed: Σ_i w_i Δ_i of the shards `shard_ids`.
+        components: Δ_j of (at least) every removed shard j.
+        weights: w_i, aligned with `shard_ids`.
+        shard_ids: the composed shards, in the order of `weights`.
+        remove: the shards to remove.
+    Returns:
+        (the new composed Δ, the kept shard ids, their weights).
+    """
+    alive, w, state = list(shard_ids), [float(x) for x in weights], composed
+    for j in remove:
+        if j not in alive:
+            raise ForgetRequestError(f"subtract_shards: shard {j} is not a component of the composed model")
+        idx = alive.index(j)
+        state = subtract_component(state, components[j], w, idx)
+        w = remaining_weights(w, idx)
+        alive.pop(idx)
+    return state, alive, w

@@ -1,0 +1,119 @@
+"""Export one trained, composed or DP model as a self-contained folder a user can share and load:
+
+    python -m pipeline_src.methods.export <model.safetensors> <dest> [--backbone DIR]
+
+    <dest>/model.safetensors       the tuned tensors (as trained or composed)
+    <dest>/model.json              what rebuilds the model: method settings, classes, head seed,
+                                   backbone digest; for DP models the privacy record (ε, δ, σ, C,
+                                   q, steps, accountant, neighbouring relation)
+    <dest>/backbone/               the frozen backbone: model.safetensors + backbone.json
+
+Loading (`load_exported(dest)`) needs nothing from `results/`. A DP model's export keeps a
+whitelist of record keys, so nothing that identifies members is copied (no sample ids, no
+membership ref, no component paths); afterwards every exported file is scanned for each member
+id found in the private provenance store, and the export is removed and refused on a hit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from pipeline_src.store.atomic import write_json
+
+DP_RECORD_KEYS = ("kind", "composition", "method", "method_config", "regime", "trained_parameters", "dp_settings",
+                  "privacy", "experiment", "shards", "num_classes", "head_seed", "backbone_digest",
+                  "linearization_id", "weights", "commit", "created_at", "environment")
+
+
+def is_private(record: dict) -> bool:
+    return "privacy" in record or record.get("kind") in ("private", "composed-private")
+
+
+def member_ids(model_path: str | Path) -> set[str]:
+    """Every sample id any component of the model trained on (DP ones from the private store)."""
+    from pipeline_src.store.audit import _own_ids, _record, audit_model  # the audit's own resolution of members
+
+    result = audit_model(model_path, [])
+    ids: set[str] = set()
+    for p in result.checked:
+        own = _own_ids(Path(p), _record(Path(p)))
+        ids |= own or set()
+    return ids
+
+
+def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | Path | None = None) -> Path:
+    """Write the export folder; return it.
+
+    Args:
+        model_path: a `.safetensors` model with its `.json` record beside it.
+        dest: a new (or empty) folder.
+        backbone_dir: the backbone folder (default: `<results>/pretrain` of the model's results folder).
+    Raises:
+        FileExistsError: dest holds files. ValueError: the backbone does not match the model's
+            digest, or a DP export would contain a member id.
+    """
+    from safetensors.torch import load_file
+
+    from pipeline_src.store.private_provenance import results_root_of
+    from pipeline_src.store.provenance import state_digest
+
+    model_path, dest = Path(model_path), Path(dest)
+    record = json.loads(model_path.with_suffix(".json").read_text())
+    backbone_dir = Path(backbone_dir) if backbone_dir else results_root_of(model_path) / "pretrain"
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"export: {dest} is not empty")
+    want = record.get("backbone_digest")
+    if want and state_digest(load_file(backbone_dir / "model.safetensors")) != want:
+        raise ValueError(f"export: backbone {backbone_dir} is not the one {model_path} was trained on")
+    private = is_private(record)
+    out = {k: record[k] for k in DP_RECORD_KEYS if k in record} if private else dict(record)
+    staging = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "backbone").mkdir(parents=True)
+    shutil.copyfile(model_path, staging / "model.safetensors")
+    write_json({**out, "exported_from": None if private else str(model_path)}, staging / "model.json")
+    for name in ("model.safetensors", "backbone.json"):
+        shutil.copyfile(backbone_dir / name, staging / "backbone" / name)
+    if private:
+        members = member_ids(model_path)
+        for f in staging.rglob("*"):
+            if f.is_file():
+                data = f.read_bytes()
+                leaked = next((i for i in members if i.encode() in data), None)
+                if leaked is not None:
+                    shutil.rmtree(staging)
+                    raise ValueError(f"export: refusing: {f.name} would contain member id '{leaked}'")
+    if dest.exists():
+        dest.rmdir()
+    staging.rename(dest)
+    return dest
+
+
+def load_exported(dest: str | Path):
+    """Rebuild an exported model: (model in eval mode, its record, the backbone record)."""
+    from pipeline_src.methods.loading import load_tuned_model
+
+    dest = Path(dest)
+    model, record, backbone_record = load_tuned_model(dest / "backbone", dest / "model.safetensors")
+    return model.eval(), record, backbone_record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline_src.methods.export", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .safetensors model with its .json record beside it")
+    parser.add_argument("dest", help="the export folder to create")
+    parser.add_argument("--backbone", help="backbone folder (default: <results>/pretrain)")
+    a = parser.parse_args(argv)
+    dest = export_model(a.model, a.dest, a.backbone)
+    record = json.loads((dest / "model.json").read_text())
+    what = "DP model (no member ids)" if is_private(record) else "model"
+    print(f"exported {what} {a.model} → {dest}; load with pipeline_src.methods.export.load_exported('{dest}')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

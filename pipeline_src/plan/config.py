@@ -1,0 +1,179 @@
+"""Load and validate a study config against `workflow/schemas/config.schema.yaml`.
+
+Validation runs once, at the entry point (the Snakefile), before any job starts. Errors
+name the offending key as a dotted path, e.g. `methods.nlft-1.k`.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from pipeline_src.methods.kinds import method_errors
+from pipeline_src.plan.cache import cached, package_version
+from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.forget import check_forget_section
+from pipeline_src.plan.fusion import check_fusion_config
+from pipeline_src.plan.last_grid import check_last_grid_config
+from pipeline_src.plan.privacy import check_privacy_config
+from pipeline_src.plan.samples import count_train_samples
+
+__all__ = ["ConfigError", "load_schema", "validate_config"]
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _with_defaults(validator_class):
+    """Extend a jsonschema validator so that `default:` values are filled in."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def validate_config(config: dict[str, Any], count_samples: bool = True,
+                    cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Return a validated copy of `config` with defaults filled in.
+
+    Args:
+        config: the raw config mapping (as Snakemake or yaml.safe_load gives it).
+        count_samples: also check shard counts against the number of training samples,
+            which needs to look at the dataset (cheap: a file count, no image decoding).
+        cache_dir: where to keep what these checks derive from the data (`plan/cache.py`;
+            the Snakefile uses `results/prepare/.plan_cache`), or None to recompute it.
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    cfg = copy.deepcopy(dict(config))
+    validator_cls = _with_defaults(jsonschema.Draft202012Validator)
+    validator = validator_cls(load_schema())
+    # Two passes: the first fills defaults (possibly nested), the second reports errors.
+    for _ in validator.iter_errors(cfg):
+        pass
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
+    _check_semantics(cfg, count_samples, cache_dir)
+    return cfg
+
+
+def _check_external_backbone(bcfg: dict) -> None:
+    """A bad checkpoint or timm name must fail here: found in `pretrain`, it would cost the
+    previous backbone (Snakemake deletes a failed job's outputs)."""
+    from pipeline_src.plan.backbone_check import check_torch_file, check_vit_keys, safetensors_header
+
+    if bcfg["timm_name"]:
+        import timm  # only for a timm name: the default study's parse stays free of torch
+
+        if not timm.is_model(bcfg["timm_name"]):
+            raise ConfigError(f"config key 'backbone.timm_name': '{bcfg['timm_name']}' is not a timm model "
+                              "(see timm.list_models())")
+    if bcfg["source"] != "checkpoint":
+        return
+    try:
+        if bcfg["checkpoint"].endswith(".safetensors"):
+            named = bcfg["timm_name"]  # a timm architecture has its own depth and width
+            arch = bcfg["arch"]
+            check_vit_keys(safetensors_header(bcfg["checkpoint"]), None if named else arch["depth"],
+                           None if named else arch["embed_dim"])
+        else:
+            check_torch_file(bcfg["checkpoint"])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"config key 'backbone.checkpoint': {bcfg['checkpoint']}: {e}") from None
+
+
+def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | None) -> None:
+    depth = cfg["backbone"]["arch"]["depth"]
+    if cfg["backbone"]["source"] == "pretrain":
+        if not cfg["dataset"]["source_classes"]:
+            raise ConfigError("config key 'dataset.source_classes': backbone.source 'pretrain' needs source classes to pretrain on")
+        arch = cfg["backbone"]["arch"]
+        if arch["embed_dim"] % arch["num_heads"]:
+            raise ConfigError("config key 'backbone.arch.num_heads': must divide embed_dim "
+                              f"({arch['embed_dim']} % {arch['num_heads']} != 0)")
+        if cfg["dataset"]["img_size"] % arch["patch_size"]:
+            raise ConfigError("config key 'backbone.arch.patch_size': must divide dataset.img_size")
+    if cfg["backbone"]["source"] == "timm" and not cfg["backbone"]["timm_name"]:
+        raise ConfigError("config key 'backbone.timm_name': required when backbone.source is 'timm'")
+    if cfg["backbone"]["source"] == "checkpoint":
+        ckpt = cfg["backbone"]["checkpoint"]
+        if not ckpt:
+            raise ConfigError("config key 'backbone.checkpoint': required when backbone.source is 'checkpoint'")
+        if not Path(ckpt).is_file():
+            raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
+    if cfg["backbone"]["source"] != "pretrain":
+        _check_external_backbone(cfg["backbone"])
+    if cfg["dataset"]["source"] == "imagefolder":
+        root = cfg["dataset"]["path"]
+        if not root or not Path(root).is_dir():
+            raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {root}")
+    kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
+    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay"}
+    for name, method in cfg["methods"].items():
+        for key in method:
+            if key not in shared and key not in kind_keys[method["kind"]]:
+                raise ConfigError(f"config key 'methods.{name}.{key}': not an option of kind '{method['kind']}'")
+        for key, message in method_errors(name, method, depth if cfg["backbone"]["source"] == "pretrain" else None):
+            raise ConfigError(f"config key '{key}': {message}")
+    # Each study checks its own section and raises ConfigError naming <section>.<key>.
+    check_fusion_config(cfg)
+    check_last_grid_config(cfg)
+    check_forget_section(cfg, check_ids=count_samples)
+    n_train = None
+    if count_samples:
+        try:
+            n_train = _train_count(cfg, cache_dir)
+        except ValueError as e:  # the dataset itself: unreadable root, empty class, unknown class
+            raise ConfigError(str(e)) from None
+        for n in cfg["shards"]:
+            if n > n_train:
+                raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
+        _check_no_empty_shard(cfg)
+    check_privacy_config(cfg, n_train, cache_dir)
+
+
+def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:
+    """`count_train_samples`, cached for `digits` (a fixed dataset per scikit-learn version;
+    loading it imports sklearn, seconds per dry run). An ImageFolder is listed every time."""
+    if cfg["dataset"]["source"] != "digits":
+        return count_train_samples(cfg)
+    from pipeline_src.plan import samples
+
+    key = {"dataset": cfg["dataset"], "seed": cfg["seed"], "sklearn": package_version("scikit-learn"),
+           "code": hashlib.sha256(Path(samples.__file__).read_bytes()).hexdigest()}
+    return cached(cache_dir, "train_count", key, lambda: count_train_samples(cfg))
+
+
+def _check_no_empty_shard(cfg: dict) -> None:
+    """Keyed-hash shards are balanced in expectation only: refuse a shard count that leaves one empty."""
+    from pipeline_src.plan.forget import samples_table, train_ids
+    from pipeline_src.plan.sharding import shard_manifest
+
+    train = train_ids(samples_table(cfg))
+    for n in cfg["shards"]:
+        for seed in cfg["seeds"]:
+            try:
+                shard_manifest(train, n, seed)
+            except ValueError as e:
+                raise ConfigError(f"config key 'shards': {e}") from None

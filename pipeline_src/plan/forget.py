@@ -1,0 +1,244 @@
+"""Forget requests and the unlearning strategies built on sharded training.
+
+Papers:
+- SISA: Bourtoule et al., "Machine Unlearning", IEEE S&P 2021 (disjoint shards; forgetting a
+  sample retrains only its shard; the ensemble of shard models may also just drop the shard).
+- TAFT: Liu, Soatto et al., "Tangent Transformers for Composition, Privacy and Removal",
+  ICLR 2024, §3.3 (a composed tangent model forgets a shard by subtracting its Δw, no training).
+
+A forget request is a file of sample ids (text: one per line; CSV: a `sample_id` column or a
+single column), named by `forget.requests` in the config. It is validated against the samples
+table as a whole before any job runs (unknown, duplicate, test/val or source-task ids are
+errors naming the id), so nothing is ever half-applied. The samples table and the shard
+manifests are pure functions of the config (`datasets.assign_splits`,
+`sharding.shard_manifest`), so the shard of every forgotten id is known at DAG-build time and
+only the affected shards' manifests change.
+"""
+from __future__ import annotations
+
+import csv
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.sharding import shard_manifest
+
+
+class ForgetRequestError(ValueError):
+    """A forget request that cannot be applied as a whole."""
+
+
+# ---------------------------------------------------------------- requests
+def read_request(path: str | Path) -> list[str]:
+    """Sample ids of a request file, in file order (duplicates kept, so validation can name them).
+
+    Args:
+        path: `.csv` (a `sample_id` column, or a single unnamed column) or text (one id per
+            line). Blank lines and lines starting with `#` are skipped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ForgetRequestError(f"forget request file not found: {path}")
+    lines = [ln.strip() for ln in path.read_text().splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    if path.suffix.lower() != ".csv":
+        return lines
+    rows = list(csv.reader(lines))
+    if rows and "sample_id" in rows[0]:
+        col = rows[0].index("sample_id")
+        return [r[col].strip() for r in rows[1:]]
+    if any(len(r) != 1 for r in rows):
+        raise ForgetRequestError(f"forget request {path}: a CSV needs a 'sample_id' header or a single column")
+    return [r[0].strip() for r in rows]
+
+
+def validate_request(ids: Sequence[str], samples: pa.Table) -> list[str]:
+    """Check every id of a request and return them sorted.
+
+    Args:
+        ids: the requested sample ids.
+        samples: the samples table (`datasets.SAMPLES_SCHEMA`).
+    Raises:
+        ForgetRequestError: naming the first duplicate, unknown, non-training or source-task id.
+    """
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            raise ForgetRequestError(f"forget request: duplicate sample id '{i}'")
+        seen.add(i)
+    t = samples.to_pydict()
+    where = {s: (task, split) for s, task, split in zip(t["sample_id"], t["task"], t["split"])}
+    for i in ids:
+        if i not in where:
+            raise ForgetRequestError(f"forget request: unknown sample id '{i}'")
+        task, split = where[i]
+        if task != "target":
+            raise ForgetRequestError(f"forget request: sample id '{i}' belongs to the {task} (pretraining) task, "
+                                     "which no fine-tuned model trains on; forgetting it needs a new backbone")
+        if split != "train":
+            raise ForgetRequestError(f"forget request: sample id '{i}' is in the {split} split, not the training split")
+    return sorted(ids)
+
+
+# ---------------------------------------------------------------- requests → shards (DAG-build time)
+@lru_cache(maxsize=4)
+def _samples_of(dataset_key: str, seed: int) -> pa.Table:
+    import json
+
+    dataset_cfg = json.loads(dataset_key)
+    return assign_splits(list_samples(dataset_cfg), dataset_cfg, seed)
+
+
+def samples_table(cfg: dict) -> pa.Table:
+    """The samples table the `prepare` step will write (no image decoding), cached per config."""
+    import json
+
+    return _samples_of(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"])
+
+
+def train_ids(samples: pa.Table) -> list[str]:
+    """Sorted ids of the target task's training split."""
+    t = samples.to_pydict()
+    return sorted(i for i, tk, s in zip(t["sample_id"], t["task"], t["split"]) if tk == "target" and s == "train")
+
+
+def requested_ids(cfg: dict) -> list[str]:
+    """The validated, sorted ids of the config's forget request ([] when there is none)."""
+    path = cfg["forget"]["requests"]
+    if not path:
+        return []
+    return validate_request(read_request(path), samples_table(cfg))
+
+
+def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list[str]]:
+    """Sorted forgotten ids per shard of a manifest (only shards with forgotten ids appear).
+
+    Args:
+        manifest: `sharding.MANIFEST_SCHEMA` table.
+        ids: forgotten ids (every one must be in the manifest).
+    """
+    shard_of = dict(zip(manifest.column("sample_id").to_pylist(), manifest.column("shard").to_pylist()))
+    out: dict[int, list[str]] = {}
+    for i in sorted(ids):
+        if i not in shard_of:
+            raise ForgetRequestError(f"forget request: sample id '{i}' is not in the shard manifest")
+        out.setdefault(int(shard_of[i]), []).append(i)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _forgotten_in(dataset_key: str, data_seed: int, path: str, shards: int, seed: int) -> dict[int, list[str]]:
+    samples = _samples_of(dataset_key, data_seed)
+    ids = validate_request(read_request(path), samples)
+    return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
+
+
+def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[str]:
+    """The forgotten ids that fall in one shard: the `params` of that shard's manifest job, so a
+    request changes the params (and reruns the jobs) of the affected shards only."""
+    import json
+
+    path = cfg["forget"]["requests"]
+    if not path:
+        return []
+    return _forgotten_in(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], str(path), shards, seed).get(shard, [])
+
+
+@lru_cache(maxsize=64)
+def _shard_members(dataset_key: str, data_seed: int, shards: int, seed: int) -> tuple[tuple[str, ...], ...]:
+    from pipeline_src.plan.sharding import shard_ids, shard_manifest
+
+    manifest = shard_manifest(train_ids(_samples_of(dataset_key, data_seed)), shards, seed)
+    return tuple(tuple(shard_ids(manifest, i)) for i in range(shards))
+
+
+def shard_members(cfg: dict, shards: int, seed: int, shard: int) -> list[str]:
+    """One shard's training ids minus the forgotten ones, from the config alone (DAG-build time):
+    the `params` of that shard's manifest job, which has no input files. So new, removed or
+    forgotten samples rerun exactly the manifest jobs (and the training) of the shards they fall
+    into (keyed-hash sharding), whatever else reruns."""
+    import json
+
+    members = _shard_members(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], shards, seed)[shard]
+    drop = set(forgotten_in_shard(cfg, shards, seed, shard))
+    return [i for i in members if i not in drop]
+
+
+def remove_ids(table: pa.Table, forgotten: Sequence[str]) -> pa.Table:
+    """The manifest rows whose sample id is not forgotten."""
+    drop = set(forgotten)
+    keep = [i not in drop for i in table.column("sample_id").to_pylist()]
+    return table.filter(pa.array(keep, type=pa.bool_()))
+
+
+def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
+    """Semantic checks of the `forget:` section, called from `config._check_semantics`.
+
+    Validates the request file as a whole (so no job starts on a bad request), checks that no
+    shard of any shard count and seed would be left empty, and checks the study settings.
+
+    Args:
+        cfg: the config with schema defaults filled in.
+        check_ids: check the request's ids against the dataset (lists it, decodes no image).
+
+    Raises:
+        ConfigError: naming the key (`forget.requests`, `forget.study.*`) and the offending id.
+    """
+
+    fg = cfg["forget"]
+    study = fg["study"]
+    shard_counts = sorted(set(cfg["shards"]) | (set(study["shards"]) if study["enabled"] else set()))
+    if fg["requests"] and check_ids:
+        try:
+            ids = requested_ids(cfg)
+        except ForgetRequestError as err:
+            raise ConfigError(f"config key 'forget.requests' ({fg['requests']}): {err}") from None
+        if ids:
+            train = train_ids(samples_table(cfg))
+            for n in shard_counts:
+                for s in cfg["seeds"]:
+                    manifest = shard_manifest(train, n, s)
+                    sizes = np.bincount(manifest.column("shard").to_numpy(), minlength=n)
+                    for shard, lost in forgotten_by_shard(manifest, ids).items():
+                        if len(lost) >= sizes[shard]:
+                            raise ConfigError(f"config key 'forget.requests': the request removes every sample of "
+                                              f"shard {shard} of n{n}_s{s}; nothing would be left to train on")
+    if not study["enabled"]:
+        return
+    for name in study["methods"]:
+        if name not in cfg["methods"]:
+            raise ConfigError(f"config key 'forget.study.methods': '{name}' is not a method in 'methods'")
+    for r in study["removed_shards"]:
+        for n in study["shards"]:
+            if r >= n:
+                raise ConfigError(f"config key 'forget.study.removed_shards': removing {r} of {n} shards "
+                                  f"(forget.study.shards) leaves no model")
+    for f in study["forget_fractions"]:
+        if not 0 < f < 1:
+            raise ConfigError(f"config key 'forget.study.forget_fractions': {f} is not in (0, 1)")
+
+
+# ---------------------------------------------------------------- study requests
+def random_request(ids: Sequence[str], fraction: float, seed: int, request: int) -> list[str]:
+    """A reproducible random request: max(1, round(fraction·n)) of `ids`, sorted.
+
+    Args:
+        ids: the current training ids (sorted; any order gives the same result after sorting).
+        fraction: the forgotten fraction.
+        seed, request: seed the draw (with the fraction), so every strategy sees the same ids.
+    """
+    ids = sorted(ids)
+    k = max(1, int(round(fraction * len(ids))))
+    rng = np.random.default_rng([seed, request, int(round(fraction * 1e6))])
+    return sorted(ids[i] for i in rng.choice(len(ids), size=k, replace=False))
+
+
+def random_shards(num_shards: int, removed: int, seed: int, request: int) -> list[int]:
+    """A reproducible random set of `removed` shards out of `num_shards` (a request hitting them)."""
+    rng = np.random.default_rng([seed, request, removed, num_shards])
+    return sorted(int(i) for i in rng.choice(num_shards, size=removed, replace=False))

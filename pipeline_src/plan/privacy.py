@@ -1,0 +1,121 @@
+"""The `privacy:` section of a study config: which DP jobs exist, and semantic checks that
+fail at validation time, before any job, naming the offending key.
+
+DP-SGD budgets (Abadi et al. 2016, "Deep learning with differential privacy") as in the
+TAFT paper's DP study (Liu & Soatto et al. 2024, "Tangent Transformers for Composition,
+Privacy and Removal", §3.4, Table 3). The same budget is planned again, exactly, by
+`pipeline_src.dp.budget.plan_budget` in each training job; this module only imports Opacus
+when the study is enabled.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pipeline_src.methods.kinds import kind_of, kinds_where
+from pipeline_src.plan.cache import cached, package_version
+from pipeline_src.plan.errors import ConfigError
+
+DP_KINDS = kinds_where("private")
+# Opacus' get_noise_multiplier doubles σ from 20 and gives up past MAX_SIGMA = 1e6, so the
+# largest σ it tries is 20·2^15: the target is feasible iff ε at that σ is within it.
+LARGEST_SIGMA_TRIED = 20.0 * 2 ** 15
+
+
+def _error(key: str, message: str) -> Exception:
+    return ConfigError(f"config key '{key}': {message}")
+
+
+def epsilon_label(epsilon: float) -> str:
+    """How a target ε appears in paths and wildcards (`eps{label}`): 1 → '1', 0.5 → '0.5'."""
+    return f"{float(epsilon):g}"
+
+
+def privacy_methods(cfg: dict) -> list[str]:
+    """The study's methods: `privacy.methods`, or every method of a DP kind when it is empty."""
+    names = cfg["privacy"]["methods"]
+    return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).private]
+
+
+def shard_sizes(cfg: dict, shards: int) -> list[int]:
+    """The distinct sizes of the `shards`-way split's shards over every seed of the study
+    (`pipeline_src.plan.sharding`: keyed-hash shards, balanced in expectation only)."""
+    from pipeline_src.plan.forget import samples_table, train_ids
+    from pipeline_src.plan.sharding import shard_manifest
+    from pipeline_src.plan.sharding import shard_sizes as sizes_of
+
+    train = train_ids(samples_table(cfg))
+    return sorted({s for seed in cfg["seeds"] for s in sizes_of(shard_manifest(train, shards, seed), shards)})
+
+
+def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path | None = None) -> None:
+    """Semantic checks of `privacy:` (the schema has checked types and ranges).
+
+    Args:
+        cfg: the validated config, defaults filled in.
+        n_train: size of the target training split, or None when it was not counted
+            (then only the checks that do not need it run).
+        cache_dir: where a passed budget check is remembered (`plan/cache.py`: the
+            accountant costs seconds per dry run), or None.
+    Raises:
+        ConfigError: naming the key, e.g. `privacy.methods[1]`, `privacy.delta`,
+            `privacy.epsilons[0]` (no noise multiplier reaches it in the planned steps).
+    """
+    p = cfg["privacy"]
+    for i, name in enumerate(p["methods"]):
+        if name not in cfg["methods"]:
+            raise _error(f"privacy.methods[{i}]", f"'{name}' is not a method in `methods:` ({sorted(cfg['methods'])})")
+        kind = cfg["methods"][name]["kind"]
+        if not kind_of(kind).private:
+            raise _error(f"privacy.methods[{i}]", f"'{name}' has kind '{kind}'; DP training supports kinds {DP_KINDS}")
+    labels = [epsilon_label(e) for e in p["epsilons"]]
+    if len(set(labels)) != len(labels):
+        raise _error("privacy.epsilons", f"values {p['epsilons']} collide in paths as {labels}")
+    if not p["enabled"]:
+        return
+    if not privacy_methods(cfg):
+        raise _error("privacy.methods", f"empty, and `methods:` has no method of kind {DP_KINDS}")
+    if n_train is None:
+        return
+    if not p["delta"] < 1.0 / n_train:
+        raise _error("privacy.delta", f"{p['delta']} must be below 1/N = {1.0 / n_train:.3g} "
+                     f"(N = {n_train} training samples); otherwise releasing one sample whole meets the guarantee")
+    sizes = {}
+    for j, n in enumerate(p["shards"]):
+        if n > n_train:
+            raise _error(f"privacy.shards[{j}]", f"{n} shards but only {n_train} training samples")
+        try:
+            sizes[n] = shard_sizes(cfg, n)
+        except ValueError as e:  # a shard left empty
+            raise _error(f"privacy.shards[{j}]", str(e)) from None
+        if p["batch_size"] > sizes[n][0]:
+            raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({sizes[n][0]} samples "
+                         f"for privacy.shards[{j}] = {n}): the Poisson sampling rate would exceed 1")
+    key = {"privacy": p, "sizes": sizes, "opacus": package_version("opacus"),
+           "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes) or "feasible")
+
+
+def _check_budgets(p: dict, sizes: dict[int, list[int]]) -> None:
+    """Every (ε, shard size) must be reachable by some σ within the planned steps."""
+    # Opacus directly, not pipeline_src.dp (whose import pulls in timm and the samplers): parse time matters.
+    from opacus.accountants import create_accountant
+
+    # steps per epoch as pipeline_src.dp.budget.steps_per_epoch: ceil(n / batch_size), rate 1/that
+    plans = {(-(-s // p["batch_size"]), n) for n in p["shards"] for s in sizes[n]}
+    for i, eps in enumerate(p["epsilons"]):
+        for spe, n in sorted(plans):
+            steps = spe * p["epochs"]
+            try:
+                acc = create_accountant(mechanism=p["accountant"])
+                acc.history = [(LARGEST_SIGMA_TRIED, 1.0 / spe, steps)]
+                floor = float(acc.get_epsilon(delta=p["delta"]))
+            except Exception as e:  # an accountant failing at this σ cannot plan it either
+                floor, why = float("inf"), f" ({type(e).__name__}: {e})"
+            else:
+                why = ""
+            if floor > eps:
+                raise _error(f"privacy.epsilons[{i}]", f"ε = {eps} is infeasible: no noise multiplier up to "
+                             f"{LARGEST_SIGMA_TRIED:g} reaches it with δ = {p['delta']} in {steps} steps at sampling "
+                             f"rate {1.0 / spe:.4g} (privacy.shards N = {n}, {p['accountant']} accountant; "
+                             f"the least ε reachable is {floor:.3g}){why}")

@@ -1,0 +1,77 @@
+"""Deterministic sharding by a keyed hash of each sample id (SISA-style disjoint shards).
+
+Sample `i` goes to shard ⌊u·N⌋, where u ∈ [0, 1) is a keyed 64-bit BLAKE2b hash of its id
+(key: the sharding seed). A sample's shard depends on its own id alone, so adding or removing
+one record changes exactly one shard and leaves every other sample where it was: the
+add/remove neighbouring relation under which DP-SGD's accountant states ε holds per shard, and
+new data retrains only the shards it falls into. Sizes are balanced in expectation
+(binomial, not equal); a shard count that leaves a shard empty is refused. The same ids, N and
+seed give the same manifest, byte for byte. Torch-free: the Snakefile uses it at parse time.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+
+MANIFEST_SCHEMA = pa.schema([
+    ("sample_id", pa.string()),
+    ("shard", pa.int64()),
+])
+NEIGHBOURING = "add/remove one sample (keyed-hash sharding: one record changes exactly one shard)"
+
+
+def keyed_unit(sample_id: str, key: str) -> float:
+    """A uniform number in [0, 1) from a keyed hash of `sample_id` (53 bits, exact in float64)."""
+    digest = hashlib.blake2b(sample_id.encode(), key=key.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)
+
+
+def shard_of(sample_id: str, num_shards: int, seed: int) -> int:
+    """The shard of one sample: ⌊u·N⌋ with u = keyed_unit(id, 'shard/<seed>')."""
+    return int(keyed_unit(sample_id, f"shard/{seed}") * num_shards)
+
+
+def shard_manifest(train_ids: list[str], num_shards: int, seed: int) -> pa.Table:
+    """Assign each training sample to one of `num_shards` shards.
+
+    Args:
+        train_ids: ids of the training samples (any order; duplicates are an error).
+        num_shards: N ≥ 1; every shard must receive at least one sample.
+        seed: the hash key (sharding seed).
+    Raises:
+        ValueError: on duplicates, N > n, or a shard left empty (naming it).
+    """
+    ids = sorted(train_ids)
+    if len(set(ids)) != len(ids):
+        dup = next(a for a, b in zip(ids, ids[1:]) if a == b)
+        raise ValueError(f"duplicate sample id in training split: {dup}")
+    if not 1 <= num_shards <= len(ids):
+        raise ValueError(f"shards: {num_shards} shards for {len(ids)} training samples")
+    shard = np.array([shard_of(i, num_shards, seed) for i in ids], dtype=np.int64)
+    sizes = np.bincount(shard, minlength=num_shards)
+    if (sizes == 0).any():
+        raise ValueError(f"shards: {num_shards} shards (seed {seed}) leave shard {int(np.argmin(sizes))} empty: "
+                         f"{len(ids)} training samples are too few for this shard count")
+    return pa.Table.from_pydict({"sample_id": ids, "shard": shard}, schema=MANIFEST_SCHEMA)
+
+
+def shard_sizes(manifest: pa.Table, num_shards: int) -> list[int]:
+    """Samples per shard, shards 0..N-1."""
+    return np.bincount(manifest.column("shard").to_numpy(), minlength=num_shards).tolist()
+
+
+def shard_ids(manifest: pa.Table, shard: int) -> list[str]:
+    """Sorted sample ids of one shard."""
+    ids = manifest.column("sample_id").to_pylist()
+    shards = manifest.column("shard").to_pylist()
+    return [i for i, s in zip(ids, shards) if s == shard]
+
+
+def membership_digest(ids: list[str]) -> str:
+    """SHA-256 of the sorted ids: a parse-time fingerprint of one shard's members, used as a
+    Snakemake `params` value so a shard's jobs rerun exactly when its membership changes. Only in
+    the workflow's own metadata, never in a DP model's files (a plain digest would let a reader
+    test a guessed member list; `private_provenance` uses a keyed one)."""
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()

@@ -1,0 +1,1 @@
+"""Report tables and plots, one module per study."""

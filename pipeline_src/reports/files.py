@@ -1,0 +1,31 @@
+"""How every report writes its files: a table as Markdown + CSV, a figure as PNG, atomically."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline_src.store.atomic import atomic_path, write_text
+
+
+def save_table(df, out_dir: Path, stem: str, title: str, floatfmt: str = ".4f") -> list[Path]:
+    """Write `<stem>.md` (titled table) and `<stem>.csv` of a DataFrame; return both paths."""
+    md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
+    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=floatfmt) + "\n", md)
+    write_text(df.to_csv(index=False), csv)
+    return [md, csv]
+
+
+def save_png(fig, path: Path) -> Path:
+    """Write a matplotlib figure as PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return path
+
+
+def has_rows(con, view: str, where: str) -> bool:
+    """Whether `view` exists (its files may not, yet) and has a row matching the SQL `where`."""
+    views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
+    return view in views and con.sql(f"SELECT count(*) FROM {view} WHERE {where}").fetchall()[0][0] > 0

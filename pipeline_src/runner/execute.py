@@ -1,0 +1,34 @@
+"""Run one step in this process with its stdout and stderr sent to the job's log.
+
+Both ways a job runs call this: `launch.run_step` in the job's own process, and a child of the
+fork server (`forkserver.py`). Its own module, so that neither of those imports the other.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from pipeline_src.runner.step_args import StepArgs
+
+
+def execute(step: str, args: StepArgs) -> int:
+    """Run the step with stdout/stderr sent to its log; return the exit status."""
+    if args.log:
+        Path(args.log[0]).parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(args.log[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(log_fd, 1), os.dup2(log_fd, 2)
+        os.close(log_fd)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
+    try:
+        importlib.import_module(f"pipeline_src.steps.{step}").main(args)
+        return 0
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()

@@ -1,0 +1,226 @@
+"""A fork server that removes the per-job start-up cost of local runs.
+
+Importing torch and timm takes seconds, longer than a tiny shard job's training. Locally, the
+first job starts one server process (per user, interpreter, package folder and digest of the
+package's code, so a job never runs another checkout's or an older version's code) that imports
+the heavy libraries once and then forks a fresh child for every job. The child runs the step in
+the job's working directory, environment, umask and import path (so a GPU assigned through
+`CUDA_VISIBLE_DEVICES` still applies) with stdout/stderr in the job's log, and reports its exit
+status back.
+
+The server never starts threads or CUDA before forking. When a job's client dies (Snakemake
+killed) the server kills that job's child, so no orphan writes results behind a rerun, and then
+exits if no other job runs; otherwise it exits after `IDLE_SECONDS` without jobs. Set
+`PIPELINE_FORKSERVER=0` to run every step in its own process (cluster jobs, or exact per-job
+resource accounting in Snakemake's `benchmark:` files).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+IDLE_SECONDS = 120
+PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
+           "jsonschema", "yaml", "scipy.optimize")
+_HEADER = struct.Struct("!Q")
+PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/forkserver.py)
+_DONE = b"\x01"  # client -> server after it received the exit status; EOF without it: the client died
+
+
+def code_digest(package: Path) -> str:
+    """SHA-1 of the package's Python files (names and bytes): a few ms for this package."""
+    h = hashlib.sha1()
+    for f in sorted(package.rglob("*.py")):
+        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def socket_path() -> Path:
+    """One server per user, Python interpreter, package folder and version of its code."""
+    package = PACKAGE  # the whole pipeline_src, not only runner/
+    key = f"{sys.executable}|{package}|{code_digest(package)}|{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"vitpipe-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock"
+
+
+def _send(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv(sock: socket.socket):
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("fork server closed the connection")
+            buf += chunk
+        return buf
+
+    (n,) = _HEADER.unpack(exact(_HEADER.size))
+    return pickle.loads(exact(n))
+
+
+# ----------------------------------------------------------------------------- server
+def serve(path: Path) -> None:
+    for mod in PRELOAD:
+        __import__(mod)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = path.with_suffix(f".{os.getpid()}")
+    server.bind(str(tmp))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)  # appear atomically, ready to accept
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    last = time.monotonic()
+    jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection
+    try:
+        while True:
+            ready, _, _ = select.select([server, *jobs.values()], [], [], 1.0)
+            for pid in list(jobs):  # reap finished children; closing tells a client whose child died
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    jobs.pop(pid).close()
+            died = 0
+            for pid in [pid for pid, conn in jobs.items() if conn in ready]:
+                conn = jobs.pop(pid)
+                try:
+                    got = conn.recv(1)
+                except OSError:  # reset: the client died with the exit status unread
+                    got = b""
+                if got == _DONE:  # the client got its exit status; the child is exiting
+                    os.waitpid(pid, 0)
+                else:  # EOF: the client died (Snakemake killed); stop its job before a rerun starts
+                    if not os.waitpid(pid, os.WNOHANG)[0]:
+                        os.killpg(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    died += 1
+                conn.close()
+            if died and not jobs:
+                break
+            if server in ready:
+                conn, _ = server.accept()
+                try:
+                    conn.settimeout(10.0)
+                    request = _recv(conn)
+                    conn.settimeout(None)
+                except (OSError, ConnectionError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    for other in jobs.values():  # so a client sees EOF as soon as its own child dies
+                        other.close()
+                    _child(conn, request)  # never returns
+                jobs[pid] = conn
+                last = time.monotonic()
+            elif not jobs and time.monotonic() - last > IDLE_SECONDS:
+                break
+    finally:
+        if path.exists():
+            path.unlink()
+
+
+def _child(conn: socket.socket, request: dict) -> None:
+    code = 1
+    try:
+        os.setsid()
+        _send(conn, os.getpid())
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.umask(request["umask"])
+        # The job's import path first, in its order: its own workflow's package wins.
+        sys.path[:] = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
+        from pipeline_src.runner.execute import execute
+
+        code = execute(request["step"], request["args"])
+    except BaseException:  # report anything, including SystemExit from a step
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush(), sys.stderr.flush()
+            _send(conn, code)
+        finally:
+            os._exit(code)
+
+
+# ----------------------------------------------------------------------------- client
+def _connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
+    sock = _connect(path)
+    if sock:
+        return sock
+    with open(str(path) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time
+        sock = _connect(path)
+        if sock:
+            return sock
+        if path.exists():
+            path.unlink()  # stale socket of a dead server
+        # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
+        subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.forkserver", str(path)], start_new_session=True,
+                         cwd=PACKAGE.parent,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            sock = _connect(path)
+            if sock:
+                return sock
+            time.sleep(0.05)
+    return None
+
+
+def run_in_server(step: str, args) -> int | None:
+    """Run a step in a forked child of the server; None when no server could be reached."""
+    sock = _ensure_server(socket_path())
+    if sock is None:
+        return None
+    with sock:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        _send(sock, {"step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": sys.path,
+                     "umask": umask})
+        child = _recv(sock)
+
+        def forward(signum, _frame):  # Snakemake cancelling the job stops the child too
+            os.killpg(child, signum)
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        try:
+            code = int(_recv(sock))
+        except ConnectionError:
+            return 1  # the child died without reporting (e.g. killed for memory)
+        try:
+            sock.sendall(_DONE)
+        except OSError:
+            pass
+        return code
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

@@ -1,0 +1,55 @@
+"""Entry point of the Snakemake `script:` file: run one step with its log captured.
+
+Every rule's script, `workflow/scripts/step.py`, calls `run_step(<step>, snakemake)`. The step's
+stdout and stderr (tqdm progress included) go to the rule's `log:` file, and
+`pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
+(`pipeline_src/runner/forkserver.py`, which saves the seconds of importing torch per job) or, with
+`PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in this process.
+
+A job that declares the `gpu` resource holds that many device slots for its whole run
+(`pipeline_src/runner/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
+Snakemake does not place local jobs on devices itself.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pipeline_src.runner.execute import execute
+from pipeline_src.runner.gpu_slots import acquire_gpu
+from pipeline_src.runner.step_args import from_snakemake
+
+
+def _check_own_code(scriptdir: str | None) -> None:
+    """Refuse to run another checkout's package than the workflow's that scheduled the job
+    (`workflow/rules/common.smk` puts the workflow first on PYTHONPATH, so this is a guard)."""
+    if not scriptdir or not Path(scriptdir).is_dir():  # e.g. a remote workflow's URL
+        return
+    workflow_pkg = Path(scriptdir).resolve().parent.parent / "pipeline_src"  # <root>/workflow/scripts
+    here = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/launch.py)
+    if workflow_pkg.is_dir() and workflow_pkg != here:
+        raise SystemExit(f"job of the workflow in {workflow_pkg.parent} imported pipeline_src from {here}; "
+                         f"put {workflow_pkg.parent} first on PYTHONPATH")
+
+
+def run_step(step: str, smk) -> None:
+    """Run `pipeline_src.steps.<step>.main` for the job described by Snakemake's object."""
+    _check_own_code(getattr(smk, "scriptdir", None))
+    args = from_snakemake(smk)
+    with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
+        code = None
+        # Not inside a Slurm job: a server started there would outlive the job's allocation.
+        if os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
+            from pipeline_src.runner.forkserver import run_in_server
+
+            code = run_in_server(step, args)  # the child takes this process's environment
+        if code is None:
+            console = os.dup(2)
+            code = execute(step, args)
+            os.dup2(console, 2)
+    if code:
+        # Show the reason on the console too, not only in the log.
+        tail = Path(args.log[0]).read_text().strip().splitlines()[-1:] if args.log else []
+        print(f"{step} failed: {' '.join(tail)} (log: {args.log[0] if args.log else '-'})", file=sys.stderr)
+        raise SystemExit(code)

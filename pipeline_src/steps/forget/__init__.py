@@ -1,0 +1,1 @@
+"""Steps of forgetting and the unlearning study (workflow/rules/forget.smk)."""

@@ -1,0 +1,152 @@
+"""What the unlearning study's steps share: one method's backbone, data and cached features,
+training on a given list of sample ids exactly as the `train` step does, and test evaluation.
+
+Paper: Bourtoule et al., "Machine Unlearning" (SISA), IEEE S&P 2021; Liu, Soatto et al.,
+"Tangent Transformers for Composition, Privacy and Removal", ICLR 2024 (§3.3, §4.4).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.methods.composition import average_states
+from pipeline_src.methods.evaluation import classification_metrics
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.methods.registry import build_tuned_model, get_method
+from pipeline_src.methods.training import batched_apply
+from pipeline_src.runner.runtime import resolve_device
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.steps.compose import composition_weights
+from pipeline_src.steps.train import train_settings
+from pipeline_src.store.metrics import metric_rows
+from pipeline_src.store.provenance import state_digest
+from pipeline_src.taft.compose import check_same_linearization, compose_deltas
+
+
+@dataclass
+class StudyContext:
+    """One method of one study job: config, backbone, samples and (optionally) cached features.
+
+    Args:
+        cfg: the validated config.
+        method: the method's name in `methods:`.
+        backbone, backbone_record: `backbone.load_backbone` of the pretrained backbone.
+        store: the prepared samples.
+        features: the method's cached prefix features (all samples-table rows), or None.
+        device: where to train and evaluate.
+    """
+
+    cfg: dict
+    method: str
+    backbone: Any
+    backbone_record: dict
+    store: SampleStore
+    features: torch.Tensor | None
+    device: torch.device
+
+    @property
+    def method_cfg(self) -> dict:
+        return self.cfg["methods"][self.method]
+
+    @property
+    def kind(self) -> str:
+        return self.method_cfg["kind"]
+
+    @property
+    def num_classes(self) -> int:
+        return self.store.num_classes("target")
+
+    def new_model(self):
+        # One head init (the config seed) for every model, as the train step does.
+        return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.cfg["seed"]).to(self.device)
+
+
+def load_context(args: StepArgs) -> StudyContext:
+    """The context of a study step whose inputs name `samples`, `backbone` and maybe `features`."""
+    from safetensors.torch import load_file
+
+    cfg = args.config
+    backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
+    feats = load_file(args.input.features)["features"] if "features" in args.input._names else None
+    return StudyContext(cfg, args.wildcards["method"], backbone, backbone_record, SampleStore(args.input.samples),
+                        feats, resolve_device(cfg["device"]))
+
+
+def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: str, **record_extra) -> tuple[dict, dict]:
+    """Train one model of the context's method on exactly these ids (as the `train` step does).
+
+    Args:
+        ids: sorted training sample ids.
+        train_seed: batch-order seed (the train step uses seed·1000 + shard).
+        desc: progress label.
+        record_extra: further record fields (shards, shard_id, ...).
+    Returns:
+        (trainable state, record with `sample_ids` and `train_time_s`: model build + training).
+    """
+    ids = list(ids)
+    data = ctx.store.subset(ids)
+    settings = train_settings(ctx.cfg, ctx.method_cfg)
+    t0 = time.perf_counter()
+    model = ctx.new_model()
+    if ctx.features is not None:
+        features = ctx.features[torch.tensor([ctx.store.row_of[i] for i in ids])].to(ctx.device)
+    else:
+        x = to_model_input(data.images, ctx.backbone_record["mean"], ctx.backbone_record["std"]).to(ctx.device)
+        features = batched_apply(model.prefix, x)
+    stats = get_method(ctx.kind).train(model, features, data.labels.to(ctx.device),
+                                       {**settings, "method": ctx.method_cfg}, train_seed, desc)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    seconds = time.perf_counter() - t0
+    record = {
+        "kind": "trained", "method": ctx.method, "method_config": ctx.method_cfg, "train_settings": settings,
+        "experiment": ctx.cfg["experiment"], "head_seed": ctx.cfg["seed"], "num_classes": ctx.num_classes,
+        "backbone_digest": state_digest(ctx.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
+        "device": str(ctx.device), "train_time_s": seconds, **stats, **record_extra,
+    }
+    return model.trainable_state(), record
+
+
+def compose(ctx: StudyContext, states: list[dict], records: list[dict]) -> tuple[dict, list[float], str]:
+    """Compose shard models as the `compose` step does: (state, weights, composition name)."""
+    weights = composition_weights(records, ctx.cfg["compose_weights"])
+    if kind_of(ctx.kind).tangent:
+        check_same_linearization([r["linearization_id"] for r in records])
+        return compose_deltas(states, weights), weights, "taft-sum"
+    return average_states(states, weights), weights, "soup"
+
+
+class TestSet:
+    """The test split's prefix features, computed once per job, and the labels."""
+
+    def __init__(self, ctx: StudyContext) -> None:
+        test = ctx.store.split("target", "test")
+        self.ids, self.labels, self.ctx = test.ids, test.labels, ctx
+        x = to_model_input(test.images, ctx.backbone_record["mean"], ctx.backbone_record["std"]).to(ctx.device)
+        self.prefix = batched_apply(ctx.new_model().eval().prefix, x)
+
+    @torch.no_grad()
+    def logits(self, state: dict) -> torch.Tensor:
+        model = self.ctx.new_model().eval()
+        model.load_trainable_state(state)
+        return batched_apply(model.forward_from_prefix, self.prefix).cpu()
+
+    def metrics(self, logits: torch.Tensor) -> dict[str, float]:
+        return classification_metrics(logits, self.labels)
+
+
+def study_rows(ctx: StudyContext, values: dict[str, float], *, model: str, shards: int, seed: int, variant: dict,
+               num_samples: int, wall_time_s: float) -> list[dict]:
+    """Metrics rows of one unlearned model (the study's settings go in `variant` as JSON)."""
+    context = dict(experiment=ctx.cfg["experiment"], dataset=ctx.cfg["dataset"]["source"], method=ctx.method,
+                   kind=ctx.kind, model=model, variant=json.dumps(variant, sort_keys=True), shards=shards,
+                   shard_id=None, seed=seed, split="test", num_samples=num_samples)
+    return metric_rows(values, context=context, device=ctx.device, wall_time_s=wall_time_s)

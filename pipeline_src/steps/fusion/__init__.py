@@ -1,0 +1,1 @@
+"""Steps of the fusion study (workflow/rules/fusion.smk)."""

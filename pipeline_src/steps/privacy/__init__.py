@@ -1,0 +1,1 @@
+"""Steps of the privacy study (workflow/rules/privacy.smk)."""

@@ -1,0 +1,109 @@
+"""train_private: DP-SGD of one method's tuned model in one regime, for one target ε, on one
+shard (or, for N = 1, the whole training split), from the cached prefix features.
+
+DP-SGD with Poisson sampling (Abadi et al. 2016) through Opacus, as the DP study of
+Liu & Soatto et al. 2024 ("Tangent Transformers for Composition, Privacy and Removal",
+§3.4, Table 3); see `pipeline_src/dp/`. The whole tuned state is saved (the parts the regime
+froze keep their public initial values), so evaluation and composition load it as any model.
+The noise and sampling are secret (`dp.secret_randomness`); the record names no member: the
+shard's ids go to the private provenance store (`private_provenance`), referenced by a keyed ref.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.dp import InfeasibleBudget, train_private
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.methods.private import FromPrefix, per_example_loss, private_method_config, select_trainable
+from pipeline_src.methods.registry import build_tuned_model
+from pipeline_src.methods.training import batched_apply
+from pipeline_src.plan.privacy import epsilon_label
+from pipeline_src.plan.sharding import shard_ids
+from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.steps.features import load_rows
+from pipeline_src.store.model_io import save_model
+from pipeline_src.store.private_provenance import results_root_of, store_members
+from pipeline_src.store.provenance import state_digest
+
+DP_SETTINGS = ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")
+
+
+def target_epsilon(cfg: dict, label: str) -> float:
+    """The configured ε whose path label is `label` (a wildcard naming no configured ε is refused)."""
+    for eps in cfg["privacy"]["epsilons"]:
+        if epsilon_label(eps) == label:
+            return float(eps)
+    raise ValueError(f"epsilon wildcard 'eps{label}' matches none of config key 'privacy.epsilons' "
+                     f"{cfg['privacy']['epsilons']}")
+
+
+def dp_settings(cfg: dict) -> dict:
+    """The DP-SGD settings shared by every job of the study (recorded with each model)."""
+    p = cfg["privacy"]
+    return {k: p[k] for k in DP_SETTINGS}
+
+
+def main(args: StepArgs) -> None:
+    cfg, w = args.config, args.wildcards
+    name, regime = w["method"], w["regime"]
+    shards, shard, seed = int(w["shards"]), int(w["shard"]), int(w["seed"])
+    epsilon = target_epsilon(cfg, w["eps"])
+    settings = dp_settings(cfg)
+    method_cfg = private_method_config(cfg["methods"][name], cfg["privacy"]["jvp_only"])
+    set_up_job(args.threads, seed)
+    device = resolve_device(cfg["device"])
+
+    backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
+    store = SampleStore(args.input.samples)
+    ids = shard_ids(pq.read_table(args.input.manifest), shard)
+    data = store.subset(ids)
+    num_classes = store.num_classes("target")
+    head_seed = cfg["seed"]  # the same head init as the non-private study, and in every shard
+    model = build_tuned_model(backbone, method_cfg, num_classes, head_seed).to(device)
+
+    t0 = time.perf_counter()
+    if "features" in args.input._names:
+        features = load_rows(args.input.features, [store.row_of[i] for i in ids]).to(device)
+    else:
+        x = to_model_input(data.images, backbone_record["mean"], backbone_record["std"]).to(device)
+        features = batched_apply(model.prefix, x)
+    method_flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    trained = select_trainable(model, method_cfg["kind"], regime, cfg["privacy"]["train_head"])
+    desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard}"
+    steps_per_epoch = -(-len(ids) // settings["batch_size"])
+
+    def progress(s: dict) -> None:
+        if s["step"] % steps_per_epoch == 0:
+            print(f"{desc}: epoch {s['epoch'] + 1} step {s['step']} batch loss {s['loss']:.4f}", flush=True)
+
+    try:
+        _, privacy = train_private(
+            FromPrefix(model), features, data.labels.to(device), loss_fn=per_example_loss(method_cfg),
+            epochs=settings["epochs"], batch_size=settings["batch_size"], lr=settings["lr"], epsilon=epsilon,
+            delta=settings["delta"], max_grad_norm=settings["max_grad_norm"], mode=settings["mode"], accountant=settings["accountant"], progress=progress)
+    except InfeasibleBudget as e:
+        raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, shard of {len(ids)} samples): "
+                               f"{e}") from e
+    for n, p in model.named_parameters():  # back to the method's trainable set, so trainable_state is complete
+        p.requires_grad_(method_flags[n])
+    record = {
+        "kind": "private", "method": name, "method_config": method_cfg, "regime": regime,
+        "trained_parameters": trained, "dp_settings": settings, "privacy": privacy,
+        "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": head_seed,
+        "num_classes": num_classes, "backbone_digest": state_digest(backbone.state_dict()),
+        # members by a keyed ref into the private store only: a DP model's files never name them
+        "num_samples": len(ids), "membership_ref": store_members(results_root_of(args.output.model), ids),
+        "device": str(device), "wall_time_s": time.perf_counter() - t0,
+    }
+    if kind_of(method_cfg).tangent:
+        record["linearization_id"] = model.linearization_id()
+    save_model(model.trainable_state(), record, args.output.model)
+    print(f"DP-trained {desc} on {len(ids)} samples: σ {privacy['sigma']:.4f}, q {privacy['sample_rate']:.4g}, "
+          f"{privacy['steps_taken']} steps, ε spent {privacy['epsilon_spent']:.4f} (δ {privacy['delta']:g})")

@@ -1,0 +1,154 @@
+"""Audit a model's training data: did any of its components train on these sample ids?
+
+    python -m pipeline_src.store.audit <model.safetensors> <ids file | id ...>
+
+Every non-private trained model's record (`<model>.json`) lists the exact sample ids it trained
+on; a DP model's record holds only a keyed ref into the results folder's private provenance store
+(`private_provenance`), which the audit resolves. Every composed, fused or unlearned model lists
+its components (recursively), resolved inside the model's own results tree. The audit walks that
+tree and checks, at every node, the node's own recorded ids and its components. It proves
+absence (exit 0) or names each component that trained on a requested id (exit 1). A composed
+record whose ids are not the union of its components' ids is stale (a component changed after
+composition) and is reported as a failure too, since then the tree proves nothing.
+
+Paper context: SISA's exact unlearning (Bourtoule et al., IEEE S&P 2021) and TAFT's removal by
+subtraction (Liu, Soatto et al., ICLR 2024) are exact only if no remaining component saw the ids.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from pipeline_src.plan.forget import read_request
+from pipeline_src.store.private_provenance import load_members, results_root_of
+
+
+@dataclass
+class AuditResult:
+    """Outcome of an audit.
+
+    Args:
+        checked: every model file visited (the root and all components, depth first).
+        hits: (model path, sorted requested ids it trained on) for every offending leaf.
+        stale: (composed model path, what differs: the ids and the components holding them).
+    """
+
+    checked: list[str] = field(default_factory=list)
+    hits: list[tuple[str, list[str]]] = field(default_factory=list)
+    stale: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.hits and not self.stale
+
+
+def _record(weights_path: Path) -> dict:
+    path = weights_path.with_suffix(".json")
+    if not path.is_file():
+        raise FileNotFoundError(f"audit: no record {path} beside the model {weights_path}")
+    return json.loads(path.read_text())
+
+
+def _component_path(component: str | dict) -> str:
+    """Every composed kind records components as {"path", "shard_id", ...}; older fused records
+    hold bare path strings."""
+    return component if isinstance(component, str) else component["path"]
+
+
+def _resolve(component: str, parent: Path) -> Path:
+    """A component path as recorded (relative to the workflow directory, e.g. `results/train/...`)
+    → the file in the composed model's OWN results tree: tried against each ancestor of the
+    composed model, never against the current directory (an old copy is audited against its
+    own components, not against today's files)."""
+    p = Path(component)
+    if p.is_absolute():
+        return p
+    for base in parent.resolve().parents:
+        if (base / p).is_file():
+            return base / p
+    raise FileNotFoundError(f"audit: component {component} of {parent} not found beside it")
+
+
+def _own_ids(path: Path, record: dict) -> set[str] | None:
+    """A node's recorded members: its `sample_ids`, or (DP models) the private store's ids behind
+    its keyed `membership_ref`; None when it records neither."""
+    if "membership_ref" in record:
+        return set(load_members(results_root_of(path), record["membership_ref"]))
+    if "sample_ids" in record:
+        return set(record["sample_ids"])
+    return None
+
+
+def _describe_stale(own: set[str], by_component: dict[str, set[str]]) -> str:
+    seen = set().union(*by_component.values()) if by_component else set()
+    parts = []
+    for comp, ids in by_component.items():
+        extra = sorted(ids - own)
+        if extra:
+            parts.append(f"component {comp} trained on {len(extra)} id(s) the composition does not record: "
+                         f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    missing = sorted(own - seen)
+    if missing:
+        parts.append(f"{len(missing)} recorded id(s) no component trained on: {', '.join(missing[:5])}"
+                     f"{' ...' if len(missing) > 5 else ''}")
+    return "; ".join(parts)
+
+
+def audit_model(model_path: str | Path, ids: Sequence[str]) -> AuditResult:
+    """Check a trained, composed, fused, unlearned or DP model against sample ids.
+
+    Args:
+        model_path: a `.safetensors` model written by `model_io.save_model`.
+        ids: the sample ids that must not have been trained on.
+    """
+    wanted = set(ids)
+    result = AuditResult()
+
+    def visit(path: Path) -> set[str]:
+        record = _record(path)
+        result.checked.append(str(path))
+        own = _own_ids(path, record)
+        components = record.get("components")
+        if not components:
+            if own is None:
+                raise ValueError(f"audit: {path} records neither sample ids, a membership ref nor components")
+            if own & wanted:
+                result.hits.append((str(path), sorted(own & wanted)))
+            return own
+        by_component = {}
+        for comp in components:
+            comp_path = _resolve(_component_path(comp), path)
+            by_component[str(comp_path)] = visit(comp_path)
+        seen = set().union(*by_component.values())
+        if own is not None and own != seen:
+            result.stale.append((str(path), _describe_stale(own, by_component)))
+        return seen
+
+    visit(Path(model_path))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline_src.store.audit", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .safetensors model with its .json record beside it")
+    parser.add_argument("ids", nargs="+", help="a request file (text or CSV) or sample ids")
+    a = parser.parse_args(argv)
+    ids = read_request(a.ids[0]) if len(a.ids) == 1 and Path(a.ids[0]).is_file() else list(a.ids)
+    result = audit_model(a.model, ids)
+    leaves = len(result.checked)
+    for path, hit in result.hits:
+        print(f"TRAINED ON {len(hit)} of the ids: {path}: {', '.join(hit[:10])}{' ...' if len(hit) > 10 else ''}")
+    for path, why in result.stale:
+        print(f"STALE: {path} records sample ids that differ from its components': {why}")
+    if result.clean:
+        print(f"clean: none of {leaves} model files under {a.model} trained on any of the {len(set(ids))} ids")
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

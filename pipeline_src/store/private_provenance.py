@@ -1,0 +1,80 @@
+"""The private provenance store: which samples trained each DP model, kept in the results folder
+and never in a model's own files (record, weights, export, metrics).
+
+    <results>/provenance/key                    32 random bytes (mode 0600), made once per results folder
+    <results>/provenance/members/<ref>.parquet  one DP model's member ids (column sample_id)
+
+A DP model's record names its members only by `membership_ref` = HMAC-SHA256(key, sorted ids).
+A plain digest of the ids would be a membership oracle (hash a guessed member list, compare);
+without the key the ref says nothing. With the store, the audit resolves the ref and checks
+the stored ids against it. `pipeline_src.methods.export` never copies this folder. Torch-free.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline_src.store.atomic import write_parquet
+
+STORE = "provenance"
+
+
+def results_root_of(path: str | os.PathLike) -> Path:
+    """The results folder a model file lives in: its nearest ancestor named `results`, or one
+    that holds a provenance store (a results folder copied under another name)."""
+    for base in Path(path).resolve().parents:
+        if base.name == "results" or (base / STORE / "key").is_file():
+            return base
+    raise FileNotFoundError(f"{path} is not inside a results folder (no ancestor named 'results' or holding "
+                            f"'{STORE}/key')")
+
+
+def _key(root: Path, create: bool) -> bytes:
+    path = root / STORE / "key"
+    if not path.is_file():
+        if not create:
+            raise FileNotFoundError(f"no provenance key {path}: this results folder's DP memberships cannot be read")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".key.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:  # link, not rename: the first of several parallel jobs wins, the others read its key
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_bytes()
+
+
+def membership_ref(key: bytes, ids: list[str]) -> str:
+    return hmac.new(key, "\n".join(sorted(ids)).encode(), hashlib.sha256).hexdigest()
+
+
+def store_members(root: str | os.PathLike, ids: list[str]) -> str:
+    """Keep `ids` in the store of results folder `root`; return the keyed ref a record may hold."""
+    root = Path(root)
+    ref = membership_ref(_key(root, create=True), ids)
+    path = root / STORE / "members" / f"{ref}.parquet"
+    if not path.is_file():
+        write_parquet(pa.table({"sample_id": pa.array(sorted(ids), pa.string())}), path)
+    return ref
+
+
+def load_members(root: str | os.PathLike, ref: str) -> list[str]:
+    """The member ids behind `ref`, checked against it (a changed file is refused)."""
+    root = Path(root)
+    path = root / STORE / "members" / f"{ref}.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"provenance: no members file {path} for ref {ref[:12]}…")
+    ids = pq.read_table(path).column("sample_id").to_pylist()
+    if not hmac.compare_digest(membership_ref(_key(root, create=False), ids), ref):
+        raise ValueError(f"provenance: {path} does not match its ref (changed after training)")
+    return ids

@@ -1,0 +1,77 @@
+"""DuckDB views over everything under `results/`.
+
+| view | source |
+|---|---|
+| metrics | `results/metrics/**/*.parquet` (schema in `pipeline_src/store/metrics.py`) |
+| benchmarks | `results/benchmarks/**/*.parquet` (schema in `pipeline_src/store/benchmark_rows.py`) |
+| models | the JSON records beside every trained/composed model (`results/{train,compose}/**/*.json`) |
+| manifests | shard manifests `results/split/**/shard*.parquet` (each shard's training ids), with the file name |
+| samples | `results/prepare/samples.parquet` |
+| jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
+| environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
+
+Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
+every column of the current schema: files written by an older schema version (columns are only
+ever added) read with NULLs in the newer columns.
+"""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from pipeline_src.store.benchmark_rows import BENCHMARK_SCHEMA
+from pipeline_src.store.metrics import METRICS_SCHEMA
+
+VIEWS = {
+    "metrics": ("metrics/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
+    "benchmarks": ("benchmarks/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
+    "models": ("{train,compose}/**/*.json", None),
+    "manifests": ("split/**/shard*.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
+    "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
+    "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
+}
+
+
+SCHEMAS = {"metrics": METRICS_SCHEMA, "benchmarks": BENCHMARK_SCHEMA}
+
+# Metrics grouped by the environment that made them; rows of schema version 1 (no fingerprint)
+# form one group with NULL fields.
+ENVIRONMENTS_VIEW = """CREATE OR REPLACE VIEW environments AS SELECT
+    environment->>'python' AS python, environment->>'torch' AS torch, environment->>'cuda' AS cuda,
+    environment->>'cudnn' AS cudnn, environment->>'timm' AS timm, environment->>'opacus' AS opacus,
+    environment->>'snakemake' AS snakemake, environment->>'numpy' AS numpy,
+    environment->>'commit' AS commit, CAST(environment->>'dirty' AS BOOLEAN) AS dirty,
+    count(*) AS metric_rows, count(DISTINCT experiment) AS experiments,
+    min(created_at) AS first_created, max(created_at) AS last_created, environment
+FROM metrics GROUP BY environment"""
+
+
+def _matches(results: Path, pattern: str) -> bool:
+    patterns = [pattern.replace("{train,compose}", d) for d in ("train", "compose")] if "{" in pattern else [pattern]
+    return any(glob.glob(str(results / p), recursive=True) for p in patterns)
+
+
+def connect(results_dir: str | Path = "results", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per kind of result file."""
+    results = Path(results_dir)
+    con = duckdb.connect(database)
+    for name, (pattern, sql) in VIEWS.items():
+        if not _matches(results, pattern):
+            continue
+        if name == "models":
+            files = [f for d in ("train", "compose") for f in glob.glob(str(results / d / "**" / "*.json"), recursive=True)]
+            con.execute(f"CREATE OR REPLACE VIEW models AS SELECT * FROM read_json_auto({files!r}, union_by_name=true, filename=true)")
+        elif name in SCHEMAS:
+            # Union with an empty table of the current schema, so old files gain its new columns.
+            empty = pa.Table.from_pylist([], schema=SCHEMAS[name])  # noqa: F841 (read by DuckDB)
+            con.execute(f"CREATE OR REPLACE TABLE _{name}_schema AS SELECT * FROM empty")
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS " + sql.format(g=str(results / pattern))
+                        + f" UNION ALL BY NAME SELECT * FROM _{name}_schema")
+        else:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS " + sql.format(g=str(results / pattern)))
+    if _matches(results, VIEWS["metrics"][0]):
+        con.execute(ENVIRONMENTS_VIEW)
+    return con

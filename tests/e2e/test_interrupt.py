@@ -1,0 +1,114 @@
+"""Kill a running study and recover with the README's commands (issue 15, item 8)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from safetensors import safe_open
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+
+
+def tiny_one_method() -> dict:
+    """The .test study cut to one method and one shard count; training long enough to be caught."""
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg.update(methods={"nlft-1": {"kind": "nlft", "k": 1}}, shards=[2], fusion={"enabled": False},
+               forget={"study": {"enabled": False}}, last_grid={"enabled": False})
+    cfg["train"]["epochs"] = 200  # seconds per training job: the kill lands in one
+    return cfg
+
+
+def recovery_commands() -> list[list[str]]:
+    """The commands of the README's 'When a run is interrupted' section."""
+    section = (REPO / "README.md").read_text().split("## When a run is interrupted", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line.split()[1:] for line in block.splitlines() if line.startswith(".venv/bin/snakemake")]
+
+
+def processes_in(folder: Path) -> list[int]:
+    """Pids of processes whose working directory is `folder` (a job or a fork-server child there)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == folder:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def training_now(workdir: Path, log: Path) -> bool:
+    """A training job has started (its log exists) and not finished (no model yet)."""
+    model = workdir / "results" / "train" / log.relative_to(workdir / "results" / "logs" / "train").with_suffix(".safetensors")
+    return log.exists() and not model.exists() and bool(processes_in(workdir))  # the log opens at the start
+
+
+def metric_rows(workdir: Path) -> int:
+    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{workdir}/results/metrics/**/*.parquet', "
+                      "union_by_name=true)").fetchall()[0][0]
+
+
+def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, env=env)
+
+
+def test_a_killed_run_recovers_with_the_readme_commands(tmp_path):
+    sockets = tmp_path / "sockets"  # a fork server of this test's own
+    sockets.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for d in (clean, killed):
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
+    proc = run(clean, "--cores", "2", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    train_logs = killed / "results" / "logs" / "train"
+    deadline = time.monotonic() + 300
+    while not (caught := [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]):
+        assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
+        time.sleep(0.1)
+    os.killpg(smk.pid, signal.SIGKILL)  # Snakemake and its job clients; the fork server is in its own session
+    smk.wait()
+    for _ in range(100):  # the fork server kills the orphaned job, then exits
+        if not processes_in(killed) and not list(sockets.glob("*.sock")):
+            break
+        time.sleep(0.1)
+    assert not processes_in(killed), "a job of the killed run is still running"
+    assert not list(sockets.glob("*.sock")), "the fork server outlived its killed client"
+    for log in caught:  # the interrupted job was stopped, not left to finish behind the rerun
+        assert not training_now(killed, log) and not log.with_suffix(".bench.tsv").exists(), log
+        model = killed / "results" / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
+        assert not model.exists(), f"{model}: the killed run's job finished after the kill"
+
+    proc = run(killed, "--cores", "2", env=env)
+    assert proc.returncode != 0 and re.search(r"unlock|incomplete", proc.stderr, re.I), proc.stderr[-2000:]
+    for args in recovery_commands():
+        proc = run(killed, *args, env=env)
+        assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
+
+    assert metric_rows(killed) == metric_rows(clean) > 0
+    files = list((killed / "results").rglob("*.parquet")) + list((killed / "results").rglob("*.safetensors"))
+    assert len(files) == len(list((clean / "results").rglob("*.parquet")) + list((clean / "results").rglob("*.safetensors")))
+    for f in files:
+        if f.suffix == ".parquet":
+            pq.read_table(f)
+        else:
+            with safe_open(str(f), "pt") as st:
+                for k in st.keys():
+                    st.get_tensor(k)
+    assert not list((killed / "results").rglob("*.tmp"))

@@ -1,0 +1,88 @@
+"""Keyed-hash splits and shards in the DAG: new samples retrain only the shards they fall into,
+and removing one sample changes exactly one shard (a real Snakemake run on an ImageFolder)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline_src.plan.config import validate_config
+from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.sharding import shard_of
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+N = 4
+TARGETS = [f"results/train/fc/n{N}_s0/shard{i}.safetensors" for i in range(N)]
+
+
+def snakemake(workdir: Path, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+                           "--directory", str(workdir), "--cores", "2", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def planned(workdir: Path, rule: str) -> set[str]:
+    """The outputs of `rule`'s jobs in a dry run."""
+    out = snakemake(workdir, "-n", *TARGETS)
+    jobs = re.findall(rf"^rule {rule}:\n(?:    .*\n)*?    output: ([^\n]+)", out, flags=re.M)
+    return {o.split(",")[0].strip() for o in jobs}
+
+
+def write_images(root: Path, cls: str, names: list[str], seed: int) -> None:
+    from PIL import Image
+
+    (root / cls).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in names:
+        Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(root / cls / name)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> tuple[Path, dict]:
+    workdir = tmp_path_factory.mktemp("newdata")
+    root = workdir / "data"
+    for k, cls in enumerate("01234"):
+        write_images(root, cls, [f"img{i:02d}.png" for i in range(30)], seed=k)
+    cfg = {"experiment": "newdata", "dataset": {"source": "imagefolder", "path": str(root), "img_size": 8,
+                                                 "in_chans": 1, "source_classes": [0, 1]},
+           "backbone": {"source": "pretrain", "arch": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
+                        "pretrain": {"epochs": 1, "batch_size": 64}},
+           "train": {"epochs": 1, "batch_size": 64}, "methods": {"fc": {"kind": "fc"}}, "shards": [N]}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(workdir, *TARGETS)
+    return workdir, cfg
+
+
+def test_new_samples_retrain_only_the_shards_they_hash_to(study):
+    workdir, cfg = study
+    names = [f"new{k}.png" for k in range(5)]
+    write_images(workdir / "data", "2", names, seed=99)
+    ds = validate_config(cfg, count_samples=False)["dataset"]
+    table = assign_splits(list_samples(ds), ds, 0).to_pydict()
+    split = dict(zip(table["sample_id"], table["split"]))
+    new_ids = [f"data/2/{n}" for n in names]
+    expected = {TARGETS[shard_of(i, N, 0)] for i in new_ids if split[i] == "train"}
+    assert expected and len(expected) < N, "the hash must put the new samples in some, not all, shards"
+    assert planned(workdir, "train") == expected
+    assert planned(workdir, "pretrain") == set()  # target-task data does not retrain the backbone
+    snakemake(workdir, *TARGETS)
+
+
+def test_removing_one_sample_changes_one_shard(study):
+    workdir, cfg = study
+    ds = validate_config(cfg, count_samples=False)["dataset"]
+    table = assign_splits(list_samples(ds), ds, 0).to_pydict()
+    victim = next(i for i, s, c in zip(table["sample_id"], table["split"], table["class_name"])
+                  if s == "train" and c == "3")
+    (workdir / victim).unlink()
+    assert planned(workdir, "forget_manifest") == {f"results/split/n{N}_s0/shard{shard_of(victim, N, 0)}.parquet"}
+    assert planned(workdir, "train") == {TARGETS[shard_of(victim, N, 0)]}

@@ -1,0 +1,182 @@
+"""A real Snakemake run of a tiny privacy study: DP models of nlft, taft and last in two
+regimes at two ε (Table 3 rows), then DP taft shards composed by their Δw sum."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from opacus.accountants import RDPAccountant
+
+from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.methods.export import export_model
+from pipeline_src.methods.loading import load_tuned_model
+from pipeline_src.reports.privacy import REPORTS
+from pipeline_src.steps.features import load_rows
+from pipeline_src.store.audit import audit_model
+from pipeline_src.store.private_provenance import load_members
+from pipeline_src.store.results_db import connect
+from tests.conftest import REPO, snakemake
+
+pytestmark = pytest.mark.e2e
+METHODS, REGIMES, EPSILONS = ["nlft-1", "taft-1", "last"], ["full", "fc"], [1, 8]
+
+
+
+def write_config(workdir: Path, **privacy) -> None:
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg.pop("fusion", None), cfg.pop("forget", None)  # only the privacy study here
+    cfg["methods"]["last"] = {"kind": "last", "rank": 8, "heads": 2}
+    cfg["privacy"] = {"enabled": True, "epochs": 2, "batch_size": 64, **privacy}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    """N = 1 for every method, regime and ε; then taft at N = 2 in one regime and ε."""
+    workdir = tmp_path_factory.mktemp("privacy")
+    write_config(workdir, methods=METHODS, regimes=REGIMES, epsilons=EPSILONS, shards=[1])
+    snakemake(workdir, "--cores", "2", "privacy")
+    write_config(workdir, methods=["taft-1"], regimes=["fc"], epsilons=[8], shards=[2])
+    snakemake(workdir, "--cores", "2", "privacy")
+    return workdir
+
+
+def test_table3_has_a_row_per_method_and_regime_and_a_column_per_epsilon(study):
+    out = study / "results" / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    con = connect(study / "results")
+    paths = [p for report in REPORTS.values() for p in report(con, out)]
+    assert {p.name for p in paths} >= {"privacy_table3.md", "privacy_table3.csv", "privacy_composition.csv",
+                                       "privacy_accuracy.png"}
+    table = duckdb.read_csv(str(out / "privacy_table3.csv")).df()
+    assert list(table.columns) == ["method", "regime", "ε=1", "ε=8"]
+    assert sorted(zip(table.method, table.regime)) == sorted((m, r) for m in METHODS for r in REGIMES)
+    values = table[["ε=1", "ε=8"]].to_numpy()
+    assert ((values >= 0) & (values <= 1)).all()
+    assert (out / "privacy_accuracy.png").stat().st_size > 1000
+
+
+def test_recorded_epsilon_equals_opacus_accountant(study):
+    records = sorted((study / "results" / "private").rglob("shard*.json"))
+    assert len(records) == len(METHODS) * len(REGIMES) * len(EPSILONS) + 2
+    metrics = duckdb.sql(f"""SELECT method, json_extract_string(variant, '$.regime') AS regime, shards, shard_id,
+        CAST(json_extract(variant, '$.epsilon') AS DOUBLE) AS target, value FROM
+        read_parquet('{study}/results/metrics/private/**/shard*.parquet') WHERE metric = 'epsilon'""").fetchall()
+    reported = {(m, r, n, s, t): v for m, r, n, s, t, v in metrics}
+    for path in records:
+        rec = json.loads(path.read_text())
+        p = rec["privacy"]
+        acc = RDPAccountant()  # the reference: one accountant step per DP-SGD step taken
+        for _ in range(p["steps_taken"]):
+            acc.step(noise_multiplier=p["sigma"], sample_rate=p["sample_rate"])
+        eps = acc.get_epsilon(delta=p["delta"])
+        assert p["epsilon_spent"] == pytest.approx(eps, rel=1e-9), path
+        assert p["epsilon"] - 0.02 < eps <= p["epsilon"], path
+        assert p["steps_taken"] == p["steps"] and p["sample_rate"] == 1 / -(-rec["num_samples"] // 64)
+        assert p["max_grad_norm"] == 1.0 and p["accountant"] == "rdp" and len(rec["commit"]) >= 7
+        assert "sample_ids" not in rec and rec["num_samples"] == p["n_samples"]
+        assert p["neighbouring"].startswith("add/remove") and "seed" not in p
+        key = (rec["method"], rec["regime"], rec["shards"], rec["shard_id"], p["epsilon"])
+        assert reported[key] == pytest.approx(p["epsilon_spent"], rel=1e-12)
+
+
+def test_regimes_train_only_their_parameters(study):
+    for method in METHODS:
+        rec = json.loads((study / f"results/private/{method}/fc/eps8/n1_s0/shard0.json").read_text())
+        head = {"nlft-1": "model.head.", "taft-1": "head.delta.", "last": "side.head."}[method]
+        assert sorted(rec["trained_parameters"]) == [head + "bias", head + "weight"]
+        full = json.loads((study / f"results/private/{method}/full/eps8/n1_s0/shard0.json").read_text())
+        assert len(full["trained_parameters"]) > 4
+
+
+def test_dp_taft_shards_compose_to_their_ensemble(study):
+    base = study / "results" / "private" / "taft-1" / "fc" / "eps8" / "n2_s0"
+    soup = json.loads((base / "soup.json").read_text())
+    shards = [json.loads((base / f"shard{i}.json").read_text()) for i in range(2)]
+    members = [set(load_members(study / "results", s["membership_ref"])) for s in shards]
+    assert members == [set(pq.read_table(study / f"results/split/n2_s0/shard{i}.parquet").column("sample_id")
+                           .to_pylist()) for i in range(2)]
+    assert not members[0] & members[1]
+    assert soup["privacy"]["epsilon_spent"] == max(s["privacy"]["epsilon_spent"] for s in shards) <= 8
+    # the composed Δw sum equals the explicit ensemble (mean logits) of the shard models
+    store = SampleStore(study / "results" / "prepare" / "samples.parquet")
+    ids = store.ids("target", "test")[:64]
+    h = load_rows(study / "results" / "features" / "last1" / "features.safetensors", [store.row_of[i] for i in ids])
+    backbone = study / "results" / "pretrain"
+    with torch.no_grad():
+        logits = [load_tuned_model(backbone, base / f"{n}.safetensors")[0].eval().double().forward_from_prefix(h.double())
+                  for n in ("shard0", "shard1", "soup")]
+    torch.testing.assert_close(logits[2], (logits[0] + logits[1]) / 2, rtol=1e-5, atol=1e-6)  # Δ stored in float32
+    rows = dict(duckdb.sql(f"""SELECT model || '/' || metric, value FROM
+        read_parquet('{study}/results/metrics/private/taft-1/fc/eps8/n2_s0/*.parquet')""").fetchall())
+    assert set(rows) >= {"dp-soup/accuracy", "dp-soup/epsilon", "dp-shard/accuracy"}
+
+
+def test_nothing_to_do_after_the_run(study):
+    proc = snakemake(study, "-n", "--cores", "2", "privacy")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def _all_member_ids(study: Path) -> set[str]:
+    ids = set()
+    for manifest in (study / "results" / "split").rglob("shard*.parquet"):
+        ids |= set(pq.read_table(manifest).column("sample_id").to_pylist())
+    return ids
+
+
+def test_no_file_written_for_a_dp_model_names_a_member(study, tmp_path):
+    """Records, weights, metrics, logs and an export of every DP model: no member's sample id
+    (which also carries its label) appears in any of them."""
+    members = _all_member_ids(study)
+    assert len(members) > 100
+    export_model(study / "results/private/taft-1/fc/eps8/n2_s0/soup.safetensors", tmp_path / "export")
+    files = [f for root in ("results/private", "results/metrics/private", "results/logs/train_private",
+                            "results/logs/compose_private", "results/logs/evaluate_private")
+             for f in (study / root).rglob("*") if f.is_file()]
+    files += [f for f in (tmp_path / "export").rglob("*") if f.is_file()]
+    assert len(files) > 40
+    for f in files:
+        data = f.read_bytes()
+        leaked = [i for i in members if i.encode() in data]
+        assert not leaked, (f, leaked[:3])
+
+
+def test_audit_resolves_dp_members_from_the_private_store(study, tmp_path, monkeypatch):
+    soup = study / "results/private/taft-1/fc/eps8/n2_s0/soup.safetensors"
+    member = sorted(load_members(study / "results", json.loads((soup.parent / "shard1.json").read_text())
+                                 ["membership_ref"]))[0]
+    monkeypatch.chdir(tmp_path)  # paths resolve inside the model's own results tree, not the cwd
+    result = audit_model(soup, [member])
+    assert [p for p, _ in result.hits] == [str(soup.parent.resolve() / "shard1.safetensors")]
+    store = SampleStore(study / "results" / "prepare" / "samples.parquet")
+    assert audit_model(soup, store.ids("target", "test")[:5]).clean
+
+
+def test_exported_dp_model_loads_in_a_fresh_process_with_the_same_logits(study, tmp_path):
+    soup = study / "results/private/taft-1/fc/eps8/n2_s0/soup.safetensors"
+    dest = export_model(soup, tmp_path / "shared" / "taft-dp")
+    record = json.loads((dest / "model.json").read_text())
+    assert {"epsilon", "delta", "sigma", "max_grad_norm", "sample_rate", "steps", "accountant"} <= set(
+        record["privacy"]["components"][0]) and "membership_ref" not in json.dumps(record)
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.save(x, tmp_path / "x.pt")
+    with torch.no_grad():
+        expected = load_tuned_model(study / "results" / "pretrain", soup)[0].eval()(x)
+    code = ("import sys, torch; from pipeline_src.methods.export import load_exported; "
+            "m, _, _ = load_exported(sys.argv[1]); x = torch.load(sys.argv[2], weights_only=True); "
+            "torch.save(m(x).detach(), sys.argv[3])")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    subprocess.run([sys.executable, "-c", code, str(dest), str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+                   cwd=elsewhere, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt", weights_only=True), expected)
+    with pytest.raises(FileExistsError):
+        export_model(soup, dest)

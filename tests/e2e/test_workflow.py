@@ -1,0 +1,122 @@
+"""A real Snakemake run of the tiny `.test` study, then dry runs against it."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+import yaml
+
+from tests.conftest import REPO, planned_outputs, snakemake
+
+pytestmark = pytest.mark.e2e
+
+
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("study")
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["resources"] = {"gpu": 1}  # GPU jobs on a fake 2-GPU machine: each holds a device slot
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(workdir, "--cores", "2", "--resources", "gpu=2", PIPELINE_NUM_GPUS="2",
+              PIPELINE_GPU_LOCK_DIR=str(workdir / "gpu-locks"))
+    return workdir
+
+
+def test_each_gpu_job_ran_on_a_device_slot_of_its_own(study):
+    # Snakemake sets no CUDA_VISIBLE_DEVICES for local jobs; the launcher gives each GPU job one
+    # of the (fake) 2 devices. Concurrency of the slots themselves: tests/runner/test_gpu_slots.py.
+    logs = sorted((study / "results" / "logs" / "train").rglob("*.log"))
+    assert logs
+    for log in logs:
+        assert re.search(r"^\[launch\] CUDA_VISIBLE_DEVICES=[01]$", log.read_text(), re.M), log
+    assert sorted(p.name for p in (study / "gpu-locks").iterdir()) == ["gpu0.lock", "gpu1.lock"]
+
+
+def test_study_runs_to_a_report_with_every_model(study):
+    cfg = yaml.safe_load((study / "config.yaml").read_text())
+    for name in ("accuracy.md", "accuracy.csv", "accuracy.png"):
+        assert (study / "results" / "report" / name).stat().st_size > 0
+    con = duckdb.connect()
+    rows = con.sql(f"""SELECT method, shards, model, shard_id, value FROM
+        read_parquet('{study}/results/metrics/evaluate/**/*.parquet', union_by_name=true)
+        WHERE metric = 'accuracy'""").fetchall()
+    # per method: the full-data model, 2 shard models, their soup and their ensemble
+    assert len(rows) == len(cfg["methods"]) * (1 + 2 + 2)
+    assert all(0.0 <= r[-1] <= 1.0 for r in rows)
+    # every model records its sample ids, and shard models partition the training split
+    records = con.sql(f"SELECT shard_id, sample_ids FROM read_json_auto('{study}/results/train/fc/n2_s0/*.json')").fetchall()
+    ids = [i for _, s in records for i in s]
+    assert len(ids) == len(set(ids)) > 0
+
+
+def test_taft_composition_equals_the_ensemble_of_its_shards(study):
+    # The tangent model is linear in Δw, so the composed model IS the ensemble: equal metrics.
+    con = duckdb.connect()
+    acc = dict(con.sql(f"""SELECT model || '/' || metric, value FROM
+        read_parquet('{study}/results/metrics/evaluate/taft-1/n2_s0/*.parquet')""").fetchall())
+    assert acc["soup/accuracy"] == acc["ensemble/accuracy"]
+    assert abs(acc["soup/loss"] - acc["ensemble/loss"]) < 1e-5
+
+
+def test_vectorized_shard_training_gives_the_per_shard_models(study):
+    from safetensors.torch import load_file
+
+    for i in range(2):
+        separate = load_file(study / f"results/train/taft-1/n2_s0/shard{i}.safetensors")
+        vectorized = load_file(study / f"results/train/taft-1-vec/n2_s0/shard{i}.safetensors")
+        assert separate.keys() == vectorized.keys()
+        for k in separate:
+            a, b = separate[k], vectorized[k]
+            if k.endswith("attn.qkv.delta.bias"):
+                # The key bias adds q·b_k to every score of a query row, which softmax ignores:
+                # its true gradient is 0, so Adam steps on float rounding noise. Compare q and v.
+                d = a.numel() // 3
+                a, b = torch.cat([a[:d], a[2 * d:]]), torch.cat([b[:d], b[2 * d:]])
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), k
+
+
+def test_nothing_to_do_after_the_run(study):
+    proc = snakemake(study, "-n", "--cores", "2")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_changing_the_shard_count_reruns_only_its_dependants(study):
+    cfg = yaml.safe_load((study / "config.yaml").read_text())
+    cfg["shards"] = [1, 3]
+    (study / "changed.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake(study, "-n", "--cores", "2", "--configfile", str(study / "changed.yaml"))
+    outputs = " ".join(planned_outputs(proc))
+    assert "n3_s0" in outputs and re.search(r"(^| )results/report( |$)", outputs)
+    assert not re.search(r"n1_s0|n2_s0|results/prepare/|results/pretrain/", outputs), outputs
+
+
+def test_invalid_config_fails_before_any_job(tmp_path):
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["methods"]["nlft-1"]["k"] = "one"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake(tmp_path, "--cores", "1", check=False)
+    assert proc.returncode != 0
+    assert "methods.nlft-1.k" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_query_command_answers_sql_over_all_views(study):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline_src.store.query", "--results", str(study / "results"), *a],  # noqa: E731
+                                    capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    views = run("--views")
+    assert views.returncode == 0
+    for name in ("metrics", "models", "manifests", "samples", "jobs"):
+        assert f"{name}:" in views.stdout
+    out = run("--format", "csv", "SELECT method, count(*) AS n FROM models WHERE kind = 'trained' GROUP BY method ORDER BY method")
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "method,n"
+    assert "fc,3" in out.stdout  # full-data model + 2 shard models
+    bad = run("SELECT * FROM no_such_view")
+    assert bad.returncode == 1 and "no_such_view" in bad.stderr

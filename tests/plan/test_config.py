@@ -1,0 +1,36 @@
+import copy
+
+import pytest
+import yaml
+
+from pipeline_src.plan.config import ConfigError, validate_config
+from tests.conftest import REPO
+
+DEFAULT = yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_default_config_is_valid_and_gets_defaults():
+    cfg = validate_config(DEFAULT)
+    assert cfg["train"]["weight_decay"] == 0.0
+    assert cfg["dataset"]["in_chans"] == 1
+    assert cfg["seeds"] == [0]
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c.update(shard=[2]), "<top level>"),                          # unknown key (typo)
+    (lambda c: c["train"].update(epochs="ten"), "train.epochs"),               # wrong type
+    (lambda c: c["methods"]["nlft-1"].update(k=0), "methods.nlft-1.k"),        # out of range
+    (lambda c: c["methods"]["fc"].update(kind="lora"), "methods.fc.kind"),     # unknown enum
+    (lambda c: c["methods"]["nlft-1"].update(k=9), "methods.nlft-1.k"),        # deeper than backbone
+    (lambda c: c.update(shards=[2, 100000]), "shards"),                        # more shards than samples
+    (lambda c: c["backbone"]["arch"].update(num_heads=5), "backbone.arch.num_heads"),
+    (lambda c: c["methods"]["fc"].update(kappa=3.0), "methods.fc.kappa"),        # option of another kind
+    (lambda c: c["methods"]["taft-1"].update(loss="hinge"), "methods.taft-1.loss"),
+    (lambda c: c.update(compose_weights="fisher"), "compose_weights"),
+    (lambda c: c["dataset"].update(source="imagefolder", path="/nonexistent"), "dataset.path"),
+])
+def test_bad_config_names_the_key(mutate, key):
+    cfg = copy.deepcopy(DEFAULT)
+    mutate(cfg)
+    with pytest.raises(ConfigError, match=f"config key '{key}'"):
+        validate_config(cfg)

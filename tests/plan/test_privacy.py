@@ -1,0 +1,104 @@
+"""The `privacy:` config section: infeasible or inconsistent studies fail at validation,
+naming the key, and the feasibility check agrees with Opacus' own noise planner."""
+from __future__ import annotations
+
+import pytest
+import yaml
+from opacus.accountants.utils import get_noise_multiplier
+
+from pipeline_src.plan.config import ConfigError, validate_config
+from pipeline_src.plan.privacy import (
+    LARGEST_SIGMA_TRIED,
+    check_privacy_config,
+    epsilon_label,
+    privacy_methods,
+    shard_sizes,
+)
+from pipeline_src.plan.samples import count_train_samples
+from tests.conftest import REPO
+
+N_TRAIN = 538  # training split of the .test study
+
+
+def tiny_config(**privacy) -> dict:
+    """The .test study with the privacy section on, validated (defaults filled in)."""
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["privacy"] = {"enabled": True, "methods": ["nlft-1", "taft-1", "last"], **privacy}
+    return validate_config(cfg, count_samples=False)
+
+
+def check(cfg: dict, n_train: int = N_TRAIN) -> None:
+    check_privacy_config(cfg, n_train)
+
+
+def test_default_study_section_is_valid_and_resolves_methods():
+    cfg = tiny_config()
+    check(cfg)
+    assert cfg["privacy"]["epsilons"] == [1, 3, 8] and cfg["privacy"]["regimes"] == ["full", "bitfit", "layernorm", "fc"]
+    cfg["privacy"]["methods"] = []
+    resolved = privacy_methods(cfg)  # every method of a DP kind, in config order; never fc
+    assert {"nlft-1", "taft-1", "last"} <= set(resolved) and "fc" not in resolved
+    assert [m for m in cfg["methods"] if m in resolved] == resolved
+    assert [epsilon_label(e) for e in (1, 3.0, 0.5, 8)] == ["1", "3", "0.5", "8"]
+    n_train = count_train_samples(cfg)
+    for n in (1, 2, 3):  # the sizes of the manifests the split step writes, over every seed
+        sizes = shard_sizes(cfg, n)
+        assert min(sizes) >= 1 and max(sizes) <= n_train and (n > 1 or sizes == [n_train])
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(methods=["nope"]), "privacy.methods[0]"),
+    (dict(methods=["taft-1", "fc"]), "privacy.methods[1]"),
+    (dict(delta=1 / 500), "privacy.delta"),
+    (dict(epsilons=[1, 0.01]), "privacy.epsilons[1]"),
+    (dict(batch_size=300, shards=[1, 2]), "privacy.batch_size"),
+    (dict(shards=[1, 1000]), "privacy.shards[1]"),
+])
+def test_inconsistent_or_infeasible_study_names_the_key(change, key):
+    cfg = tiny_config()
+    cfg["privacy"].update(change)
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        check(cfg)
+
+
+def test_disabled_study_checks_names_but_not_budgets():
+    cfg = tiny_config(enabled=False)
+    cfg["privacy"]["epsilons"] = [0.01]
+    check(cfg)  # no budget is planned for a study that does not run
+    cfg["privacy"]["methods"] = ["fc"]
+    with pytest.raises(ConfigError, match=r"privacy.methods\[0\]"):
+        check(cfg)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_feasibility_agrees_with_opacus_planner(accountant):
+    """Around the least reachable ε, the check accepts exactly what get_noise_multiplier can plan."""
+    from opacus.accountants import create_accountant
+
+    cfg = tiny_config(epochs=2, batch_size=64, accountant=accountant, shards=[1])
+    spe = -(-N_TRAIN // 64)
+    acc = create_accountant(accountant)
+    acc.history = [(LARGEST_SIGMA_TRIED, 1 / spe, 2 * spe)]
+    floor = acc.get_epsilon(delta=1e-5)
+    for eps, feasible in ((floor * 1.05, True), (floor * 0.95, False)):
+        cfg["privacy"]["epsilons"] = [eps]
+        if feasible:
+            check(cfg)
+            get_noise_multiplier(target_epsilon=eps, target_delta=1e-5, sample_rate=1 / spe, steps=2 * spe,
+                                 accountant=accountant)
+        else:
+            with pytest.raises(ConfigError, match=r"privacy.epsilons\[0\].*infeasible"):
+                check(cfg)
+            with pytest.raises(ValueError, match="too low"):
+                get_noise_multiplier(target_epsilon=eps, target_delta=1e-5, sample_rate=1 / spe, steps=2 * spe,
+                                     accountant=accountant)
+
+
+def test_validate_config_runs_the_privacy_check():
+    raw = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    raw["privacy"] = {"enabled": True, "methods": ["taft-1"], "epsilons": [0.01]}
+    with pytest.raises(ConfigError, match=r"privacy.epsilons\[0\]"):
+        validate_config(raw)
+    raw["privacy"] = {"enabled": True, "methods": ["fc"]}
+    with pytest.raises(ConfigError, match=r"privacy.methods\[0\]"):
+        validate_config(raw, count_samples=False)

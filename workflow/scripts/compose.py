@@ -1,4 +1,0 @@
-"""Snakemake script of the `compose` rule: see pipeline_src/steps/compose.py."""
-from pipeline_src.launch import run_step
-
-run_step("compose", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,0 @@
-"""Snakemake script of the `evaluate` rule: see pipeline_src/steps/evaluate.py."""
-from pipeline_src.launch import run_step
-
-run_step("evaluate", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,0 @@
-"""Snakemake script of the `prepare` rule: see pipeline_src/steps/prepare.py."""
-from pipeline_src.launch import run_step
-
-run_step("prepare", snakemake)  # noqa: F821 (injected by Snakemake)

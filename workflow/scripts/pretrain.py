@@ -1,4 +1,0 @@
-"""Snakemake script of the `pretrain` rule: see pipeline_src/steps/pretrain.py."""
-from pipeline_src.launch import run_step
-
-run_step("pretrain", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,0 @@
-"""Snakemake script of the `report` rule: see pipeline_src/steps/report.py."""
-from pipeline_src.launch import run_step
-
-run_step("report", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,4 +1,0 @@
-"""Snakemake script of the `train` rule: see pipeline_src/steps/train.py."""
-from pipeline_src.launch import run_step
-
-run_step("train", snakemake)  # noqa: F821 (injected by Snakemake)
