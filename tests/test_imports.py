@@ -168,3 +168,21 @@ def test_kind_branches_only_in_methods():
             if re.search(r"""(\bkind\b|\[["']kind["']\])\s*(==|!=|in\b|not\s+in\b)""", code):
                 bad.append(f"{path.relative_to(REPO)}:{i}")
     assert bad == [], "branch on kind_of(...) facts from pipeline_src/methods/kinds.py instead: " + ", ".join(bad)
+
+
+def test_every_imported_name_exists():
+    """`from pipeline_src.x import name` (lazy ones inside functions too) names something x has:
+    a function moved by the relayout must not leave an import that fails only when its code path runs."""
+    import importlib
+
+    known = modules()
+    missing = []
+    for mod, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("pipeline_src")):
+                continue
+            target = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(target, alias.name) and f"{node.module}.{alias.name}" not in known:
+                    missing.append(f"{mod}:{node.lineno}: {node.module}.{alias.name}")
+    assert missing == []
