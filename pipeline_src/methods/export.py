@@ -35,12 +35,12 @@ def is_private(record: dict) -> bool:
 
 def member_ids(model_path: str | Path) -> set[str]:
     """Every sample id any component of the model trained on (DP ones from the private store)."""
-    from pipeline_src.store.audit import _own_ids, _record, audit_model  # the audit's own resolution of members
+    from pipeline_src.store.audit import audit_model, members_of, read_record
 
     result = audit_model(model_path, [])
     ids: set[str] = set()
     for p in result.checked:
-        own = _own_ids(Path(p), _record(Path(p)))
+        own = members_of(Path(p), read_record(Path(p)))
         ids |= own or set()
     return ids
 

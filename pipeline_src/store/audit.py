@@ -46,7 +46,7 @@ class AuditResult:
         return not self.hits and not self.stale
 
 
-def _record(weights_path: Path) -> dict:
+def read_record(weights_path: Path) -> dict:
     path = weights_path.with_suffix(".json")
     if not path.is_file():
         raise FileNotFoundError(f"audit: no record {path} beside the model {weights_path}")
@@ -73,7 +73,7 @@ def _resolve(component: str, parent: Path) -> Path:
     raise FileNotFoundError(f"audit: component {component} of {parent} not found beside it")
 
 
-def _own_ids(path: Path, record: dict) -> set[str] | None:
+def members_of(path: Path, record: dict) -> set[str] | None:
     """A node's recorded members: its `sample_ids`, or (DP models) the private store's ids behind
     its keyed `membership_ref`; None when it records neither."""
     if "membership_ref" in record:
@@ -109,9 +109,9 @@ def audit_model(model_path: str | Path, ids: Sequence[str]) -> AuditResult:
     result = AuditResult()
 
     def visit(path: Path) -> set[str]:
-        record = _record(path)
+        record = read_record(path)
         result.checked.append(str(path))
-        own = _own_ids(path, record)
+        own = members_of(path, record)
         components = record.get("components")
         if not components:
             if own is None:

@@ -74,3 +74,22 @@ def test_changing_regmean_alpha_reruns_only_regmean(study):
     outputs = [o for o in planned_outputs(proc) if "/fuse/" in o]
     assert outputs and all("regmean" in o for o in outputs)
     assert not any("fusion_train" in o or "fusion_match" in o for o in planned_outputs(proc))
+
+
+def test_audit_reads_every_fused_model(study, tmp_path, monkeypatch):
+    """Fused models record their components in the common {path, shard_id} format: the audit walks
+    them (it raised TypeError on bare path strings), from any working directory."""
+    from pipeline_src.store.audit import audit_model
+
+    workdir, _ = study
+    fused = sorted((workdir / "results" / "fuse").rglob("*.safetensors"))
+    assert fused
+    monkeypatch.chdir(tmp_path)
+    for model in fused:
+        record = json.loads(model.with_suffix(".json").read_text())
+        members = {i for c in record["components"]
+                   for i in json.loads((workdir / c["path"]).with_suffix(".json").read_text())["sample_ids"]}
+        member = sorted(members)[0]
+        result = audit_model(model, [member])
+        assert len(result.hits) == 1 and result.hits[0][1] == [member] and not result.stale, model
+        assert audit_model(model, ["digits/0/0000"]).clean  # a source-task id: no component trained on it
