@@ -44,7 +44,7 @@ def _study_cache_input(w):
 
     cache = feature_cache(config["methods"][w.method])
     if config["features"]["cache"] and cache is not None:
-        return {"features": f"{R}/features/{cache}/features.safetensors"}
+        return {"features": f"{R}/features/{cache}/features.npy"}
     return {}
 
 

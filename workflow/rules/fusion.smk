@@ -19,7 +19,7 @@ def fusion_common_inputs(w):
     inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors"}
     cache = feature_cache(config["methods"][w.method])
     if config["features"]["cache"] and cache is not None:
-        inputs["features"] = f"{R}/features/{cache}/features.safetensors"
+        inputs["features"] = f"{R}/features/{cache}/features.npy"
     return inputs
 
 
