@@ -1,8 +1,9 @@
 """Out-of-core feature caches: one memory-mappable `.npy` array per cache plus a JSON sidecar.
 
-A job reads only the rows it needs (`np.load(mmap_mode="r")`, rows sorted so the reads go
-forward through the file) and gets float32 torch tensors, converted chunk by chunk, so its
-memory depends on its own rows, never on the dataset's size.
+A job reads only the rows it needs (`npy_rows.NpyRows`: positional reads, sorted so they go
+forward through the file; the file is an ordinary `.npy` that `np.load(mmap_mode="r")` opens
+too) and gets float32 torch tensors, converted chunk by chunk, so its memory depends on its own
+rows, never on the dataset's size.
 
 Layout of `features.npy`: row i = samples-table row i.
     `last{k}` caches: (num_samples, tokens, dim);
@@ -15,14 +16,13 @@ numpy has no bfloat16) or float32.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from pipeline_src.data.npy_rows import NpyRows, NpyWriter
 from pipeline_src.store.atomic import write_json
 
 # storage dtype name -> numpy dtype on disk
@@ -52,7 +52,8 @@ def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
 
 
 class FeatureCacheWriter:
-    """Writes a cache in chunks into a memory-mapped temporary file; `close()` renames it into place.
+    """Writes a cache in row order, chunk by chunk, to a temporary file; `close()` renames it
+    into place and then writes the sidecar.
 
     Args:
         path: the final `.npy` path (its sidecar goes beside it).
@@ -65,36 +66,27 @@ class FeatureCacheWriter:
         if dtype not in STORAGE:
             raise ValueError(f"features.dtype: '{dtype}' is not one of {sorted(STORAGE)}")
         self.path, self.dtype, self.shape = Path(path), dtype, tuple(int(s) for s in shape)
-        self.meta = {**meta, "shape": list(self.shape), "dtype": dtype, "format": "npy-memmap-v1"}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp.npy", dir=self.path.parent)
-        os.close(fd)
-        self._tmp = Path(tmp)
-        self._array = np.lib.format.open_memmap(self._tmp, mode="w+", dtype=STORAGE[dtype], shape=self.shape)
-        self.rows_written = 0
+        self.meta = {**meta, "shape": list(self.shape), "dtype": dtype, "format": "npy-rows-v1"}
+        self._writer = NpyWriter(self.path, self.shape, STORAGE[dtype])
+
+    @property
+    def rows_written(self) -> int:
+        return self._writer.rows_written
 
     def write(self, start: int, x: torch.Tensor) -> None:
-        """Store rows [start, start + len(x))."""
-        self._array[start:start + len(x)] = to_storage(x, self.dtype)
-        self.rows_written += len(x)
+        """Store rows [start, start + len(x)) (in row order)."""
+        self._writer.write(start, to_storage(x, self.dtype))
 
     def close(self) -> None:
-        if self.rows_written != self.shape[0]:
-            self.abort()
-            raise RuntimeError(f"feature cache {self.path}: wrote {self.rows_written} of {self.shape[0]} rows")
-        self._array.flush()
-        del self._array
-        os.chmod(self._tmp, 0o644)
-        os.replace(self._tmp, self.path)  # the array first: a sidecar always describes a complete array
+        self._writer.close()  # the array first: a sidecar always describes a complete array
         write_json(self.meta, sidecar_path(self.path))
 
     def abort(self) -> None:
-        self._array = None
-        self._tmp.unlink(missing_ok=True)
+        self._writer.abort()
 
 
 class FeatureCache:
-    """Read access to one cache: `rows(r)` loads only rows r, as float32.
+    """Read access to one cache: `rows(r)` reads only rows r, as float32.
 
     Args:
         path: the cache's `.npy` file (its sidecar `.json` beside it).
@@ -107,7 +99,7 @@ class FeatureCache:
         except (OSError, ValueError) as e:
             raise FileNotFoundError(f"feature cache {self.path}: no readable sidecar {sidecar_path(self.path).name} "
                                     f"({e}); rerun the `features` rule") from e
-        self.array = np.load(self.path, mmap_mode="r")
+        self.array = NpyRows(self.path)
         if list(self.array.shape) != self.meta["shape"]:
             raise ValueError(f"feature cache {self.path}: array shape {self.array.shape} "
                              f"does not match its sidecar {self.meta['shape']}")
@@ -115,7 +107,7 @@ class FeatureCache:
         self.blocks = self.meta.get("blocks")  # block indices kept (blocks caches only)
 
     def __len__(self) -> int:
-        return self.array.shape[0]
+        return len(self.array)
 
     def positions(self, blocks: Sequence[int]) -> list[int]:
         """Positions in the stored block axis of these backbone block indices (error names missing ones)."""
@@ -144,14 +136,12 @@ class FeatureCache:
         pos = None if blocks is None else np.asarray(self.positions(blocks))
         row_shape = self.array.shape[1:] if pos is None else (len(pos), *self.array.shape[2:])
         out = torch.empty((len(rows), *row_shape), dtype=torch.float32)
-        order = np.argsort(rows, kind="stable")  # read forward through the file
-        step = max(1, READ_CHUNK_BYTES // max(1, int(np.prod(self.array.shape[1:])) * self.array.itemsize))
-        for s in range(0, len(rows), step):
-            idx = order[s:s + step]
-            chunk = self.array[rows[idx]]
+        step = max(1, READ_CHUNK_BYTES // max(1, self.array.row_bytes))
+        for s in range(0, len(rows), step):  # float32 conversion a chunk at a time
+            chunk = self.array.read(rows[s:s + step])
             if pos is not None:
                 chunk = chunk[:, pos]
-            out[torch.from_numpy(idx)] = from_storage(chunk, self.dtype)
+            out[s:s + len(chunk)] = from_storage(chunk, self.dtype)
         return out
 
     def __getitem__(self, rows) -> torch.Tensor:

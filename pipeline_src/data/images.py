@@ -1,13 +1,11 @@
 """Decoded images: every sample's image resized to uint8 (C, H, W), written in bounded chunks
-into a memory-mappable `images.npy` (N, C, H, W), and the model input made per batch.
+into `images.npy` (N, C, H, W) that jobs read by row (`npy_rows.py`), and the model input made per batch.
 
 The listing they follow (sample ids, classes, paths) is `pipeline_src/plan/samples.py`, which
 the DAG needs at parse time without torch.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline_src.data.npy_rows import NpyWriter
 from pipeline_src.plan.samples import SampleList
 
 CHUNK = 256  # images decoded and written at a time: prepare's memory is bounded by this, not the dataset
@@ -55,27 +54,21 @@ def write_images(samples: SampleList, dataset_cfg: dict, path: str | Path, threa
     """
     size, chans = dataset_cfg["img_size"], dataset_cfg["in_chans"]
     n = len(samples.sample_ids)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npy", dir=path.parent)
-    os.close(fd)
+    writer = NpyWriter(path, (n, chans, size, size), np.uint8)
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, chans, size, size))
         if samples.paths is None:
-            out[:] = _digits(size, chans)
+            writer.write(0, _digits(size, chans))
         else:
             with ThreadPoolExecutor(max(1, threads)) as pool:
                 for start in range(0, n, CHUNK):
                     end = min(n, start + CHUNK)
                     decoded = pool.map(decode_image, samples.paths[start:end], [size] * (end - start),
                                        [chans] * (end - start), samples.sample_ids[start:end])
-                    out[start:end] = np.stack(list(decoded))
-        out.flush()
-        del out
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+                    writer.write(start, np.stack(list(decoded)))
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
     return (n, chans, size, size)
 
 

@@ -1,5 +1,5 @@
 """The prepared dataset on disk: `samples.parquet` (SAMPLES_SCHEMA) and `images.npy`, a uint8
-(N, C, H, W) array that jobs memory-map and read by row, so a job holds only its own images."""
+(N, C, H, W) array that jobs read by row (`npy_rows.py`), so a job holds only its own images."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline_src.data.images import to_model_input
+from pipeline_src.data.npy_rows import NpyRows
 
 IMAGES_FILE = "images.npy"
 
@@ -40,27 +41,23 @@ class SampleStore:
         samples_path = Path(samples_path)
         self.table = pq.read_table(samples_path)
         self._images_path = samples_path.with_name(IMAGES_FILE)
-        self._images: np.ndarray | None = None
+        self._images: NpyRows | None = None
         self.row_of = dict(zip(self.table.column("sample_id").to_pylist(), self.table.column("row").to_pylist()))
         self._labels = self.table.column("label").to_numpy()
 
     @property
-    def image_array(self) -> np.ndarray:
-        """The memory-mapped uint8 (N, C, H, W) images (nothing is read until indexed)."""
+    def image_array(self) -> NpyRows:
+        """The uint8 (N, C, H, W) images on disk, read by row (nothing is read until asked)."""
         if self._images is None:
-            self._images = np.load(self._images_path, mmap_mode="r")
-            if self._images.shape[0] != self.table.num_rows:
-                raise ValueError(f"{self._images_path}: {self._images.shape[0]} images for {self.table.num_rows} "
+            self._images = NpyRows(self._images_path)
+            if len(self._images) != self.table.num_rows:
+                raise ValueError(f"{self._images_path}: {len(self._images)} images for {self.table.num_rows} "
                                  f"samples; rerun `prepare`")
         return self._images
 
     def image_rows(self, rows: np.ndarray | list[int]) -> torch.Tensor:
-        """uint8 images of these rows, in the given order (read in sorted order from the file)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        order = np.argsort(rows, kind="stable")
-        out = np.empty((len(rows), *self.image_array.shape[1:]), dtype=np.uint8)
-        out[order] = self.image_array[rows[order]]
-        return torch.from_numpy(out)
+        """uint8 images of these rows, in the given order (only they are read)."""
+        return torch.from_numpy(self.image_array.read(rows))
 
     def ids(self, task: str, split: str) -> list[str]:
         t = self.table.to_pydict()

@@ -2,8 +2,8 @@
 input of the last k blocks; `blocks`: the embedding and the block outputs LAST reads), for every
 sample, so shard jobs never rerun the frozen blocks.
 
-Images are read and converted per batch and each batch's features go straight into a
-memory-mapped `.npy` in `features.dtype` (`data/feature_cache.py`), so the job's memory does not
+Images are read and converted per batch and each batch's features are appended to a `.npy`
+in `features.dtype` (`data/feature_cache.py`), so the job's memory does not
 grow with the dataset. Shard jobs read their own rows with `load_rows`.
 """
 from __future__ import annotations
@@ -42,14 +42,13 @@ def main(args: StepArgs) -> None:
         start = len(backbone.blocks) - int(cache.removeprefix("last"))
         fn = lambda b: vit_prefix(backbone, b, start)  # noqa: E731
     store = SampleStore(args.input.samples)
-    images = store.image_array
-    n = images.shape[0]
+    n = len(store.image_array)
     dtype = args.params.get("dtype") or cfg["features"]["dtype"]
     writer = None
     try:
         with torch.no_grad():
             for s in range(0, n, BATCH):
-                x = to_model_input(torch.from_numpy(images[s:s + BATCH].copy()), record["mean"], record["std"])
+                x = to_model_input(store.image_rows(range(s, min(n, s + BATCH))), record["mean"], record["std"])
                 h = fn(x.to(device, non_blocking=True)).cpu()  # row i = samples row i
                 if writer is None:
                     writer = FeatureCacheWriter(args.output.features, (n, *h.shape[1:]), dtype, meta)

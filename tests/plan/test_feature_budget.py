@@ -60,8 +60,9 @@ def test_a_study_over_the_budget_is_refused_naming_the_cache():
 
 
 def test_validation_refuses_the_default_study_under_a_tiny_budget():
-    from tests.conftest import REPO
     import yaml
+
+    from tests.conftest import REPO
 
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     with pytest.raises(ConfigError, match=r"features.max_cache_gb.*'blocks' feature cache.*features.cache: false"):
