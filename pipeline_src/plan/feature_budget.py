@@ -102,6 +102,14 @@ def cache_sizes(cfg: dict, num_samples: int) -> dict[str, int | None]:
     return out
 
 
+def human_size(num_bytes: int) -> str:
+    """Bytes as '3.45 MB' / '45.4 GB' (powers of 1000)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.3g} {unit}"
+    return f"{num_bytes / 1e3:.3g} kB"
+
+
 def budget_report(cfg: dict, num_samples: int) -> tuple[list[str], str | None]:
     """(one line per cache with its estimated size, an error naming the first cache over
     `features.max_cache_gb`, or None).
@@ -118,11 +126,11 @@ def budget_report(cfg: dict, num_samples: int) -> tuple[list[str], str | None]:
             lines.append(f"feature cache '{cache}': size unknown (backbone '{cfg['backbone']['timm_name']}' "
                          f"not recognised from its name); {num_samples} samples, {cfg['features']['dtype']}")
             continue
-        lines.append(f"feature cache '{cache}': {size / 1e9:.3g} GB ({num_samples} samples x {shape.tokens} tokens x "
+        lines.append(f"feature cache '{cache}': {human_size(size)} ({num_samples} samples x {shape.tokens} tokens x "
                      f"{shape.width} x {cfg['features']['dtype']}"
                      + (f", blocks {kept_blocks(shape.depth, side_everys(cfg))})" if cache == "blocks" else ")"))
         if error is None and limit is not None and size > limit * 1e9:
             error = (f"config key 'features.max_cache_gb': the '{cache}' feature cache would take about "
-                     f"{size / 1e9:.3g} GB, over the limit of {limit:g} GB; set features.cache: false to train "
+                     f"{human_size(size)}, over the limit of {limit:g} GB; set features.cache: false to train "
                      f"from images (frozen backbone under no_grad), use features.dtype float16, or raise the limit")
     return lines, error

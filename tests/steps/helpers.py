@@ -32,10 +32,12 @@ def folder_config(root: Path, **extra) -> dict:
         "train": {"epochs": 1, "batch_size": 8}, "shards": [1], **extra}, count_samples=False)
 
 
-def write_backbone(out_dir: Path) -> Path:
-    """A random tiny ViT saved as the `pretrain` step saves one; returns its model.safetensors."""
-    model = tiny_vit(**VIT).float().eval()
-    save_backbone(model, {"vit_kwargs": VIT, "mean": [0.5] * 3, "std": [0.25] * 3, "source": "pretrain"}, out_dir)
+def write_backbone(out_dir: Path, **overrides) -> Path:
+    """A random tiny ViT (`VIT`, updated by `overrides`) saved as the `pretrain` step saves one;
+    returns its model.safetensors."""
+    kwargs = {**VIT, **overrides}
+    model = tiny_vit(**kwargs).float().eval()
+    save_backbone(model, {"vit_kwargs": kwargs, "mean": [0.5] * 3, "std": [0.25] * 3, "source": "pretrain"}, out_dir)
     return out_dir / "model.safetensors"
 
 
