@@ -16,12 +16,11 @@ def main(step: str, results: Path, root: Path, shards: int) -> None:
     import pyarrow.parquet as pq
     import torch
 
+    from pipeline_src.data import images
     from pipeline_src.plan.forget import train_ids
     from pipeline_src.plan.sharding import shard_manifest
-    from tests.steps.helpers import folder_config, run_features, run_prepare, step_args, write_backbone
-
-    from pipeline_src.data import images
     from pipeline_src.steps import features
+    from tests.steps.helpers import folder_config, run_features, run_prepare, step_args, write_backbone
 
     torch.set_num_threads(1)
     # Batches full at both dataset sizes compared: a step's memory is then its batch's, whatever the size.
