@@ -25,12 +25,12 @@ def main(step: str, results: Path, root: Path, shards: int) -> None:
     torch.set_num_threads(1)
     # Batches full at both dataset sizes compared: a step's memory is then its batch's, whatever the size.
     images.CHUNK, features.BATCH = 32, 32
-    cfg = folder_config(root, dataset={"source": "imagefolder", "path": str(root), "img_size": 64, "in_chans": 3},
+    cfg = folder_config(root, dataset={"source": "imagefolder", "path": str(root), "img_size": 224, "in_chans": 3},
                         features={"dtype": "float16"})
     samples = results / "prepare" / "samples.parquet"
     if step == "prepare":
         run_prepare(cfg, results)
-        write_backbone(results / "pretrain", img_size=64, embed_dim=64)
+        write_backbone(results / "pretrain", img_size=224, patch_size=16, embed_dim=64)
     elif step == "features":
         run_features(cfg, results, "blocks", everys=[1])
     elif step == "train":
