@@ -16,7 +16,9 @@ from tests.conftest import REPO, snakemake
 
 pytestmark = pytest.mark.e2e
 
-TOLERANCE = 0.03  # accuracy (280 test samples: 8 samples)
+# Measured on the whole tiny study (26 accuracy rows: every method, shard, soup and ensemble):
+# float16 moved no accuracy at all (0 of 280 test samples) and test losses by < 4e-7.
+TOLERANCE = 2 / 280  # two test samples
 METHODS = ("fc", "nlft-1", "taft-1", "last")
 
 
