@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
+from torch import nn
 
 
 def embed_tokens(model: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
@@ -42,3 +43,27 @@ def reset_head(model: VisionTransformer, num_classes: int, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model.reset_classifier(num_classes)
+
+
+class FromPrefix(nn.Module):
+    """`forward(h) = tuned.forward_from_prefix(h)`: a tuned model fed its cached prefix output,
+    as one module for code that wraps a module's forward (Opacus, `torch.func.functional_call`,
+    the fusion library's hooks and per-example gradients).
+
+    Args:
+        tuned: a model with `forward_from_prefix` (TailFineTune, TangentViT, a tuned side network).
+        root: None registers `tuned` as the submodule `tuned` (parameters `tuned.<name>`); an
+            attribute name registers only `getattr(tuned, root)`, as `root`, so each of its
+            tensors is named once, `root.<key>` (the fusion study's trained part).
+    """
+
+    def __init__(self, tuned: nn.Module, root: str | None = None) -> None:
+        super().__init__()
+        if root is None:
+            self.tuned = tuned
+        else:
+            self.root = getattr(tuned, root)
+            self.__dict__["tuned"] = tuned  # not a submodule: its parameters are named under root only
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.tuned.forward_from_prefix(h)

@@ -15,6 +15,7 @@ from torch import nn
 
 from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
 from pipeline_src.matching.lsa_rotation import find_lsa_prefixes
 from pipeline_src.methods.nonlinear import TailFineTune
@@ -110,32 +111,22 @@ def reinit_tail_blocks(model: TailFineTune, seed: int, std: float = 0.02) -> Non
                 raise ValueError(f"fusion random_reinit: no init known for 'blocks.{i}.{name}' ({type(m).__name__})")
 
 
-class FromPrefix(nn.Module):
-    """`forward(h) = tuned.forward_from_prefix(h)` with the trained module registered as
-    `root`, so the fusion library's hooks and per-example gradients see its Linear layers and
-    `'root.' + key` names each trained tensor.
+def prefix_view(tuned: nn.Module) -> FromPrefix:
+    """The fusion study's view of a shard model: `FromPrefix` with the trained module as `root`
+    (an nlft model's timm model, a side network), so the fusion library's hooks and per-example
+    gradients see its Linear layers and `'root.' + key` names each trained tensor."""
+    attr = "model" if isinstance(tuned, TailFineTune) else "side" if hasattr(tuned, "side") else None
+    if attr is None:
+        raise ValueError(f"fusion: tuned model {type(tuned).__name__} is not supported (nlft and last only)")
+    return FromPrefix(tuned, root=attr)
 
-    Args:
-        tuned: a TailFineTune (root: its timm model) or SideTuned (root: its side network).
-    """
 
-    def __init__(self, tuned: nn.Module) -> None:
-        super().__init__()
-        attr = "model" if isinstance(tuned, TailFineTune) else "side" if hasattr(tuned, "side") else None
-        if attr is None:
-            raise ValueError(f"fusion: tuned model {type(tuned).__name__} is not supported (nlft and last only)")
-        self.root = getattr(tuned, attr)
-        self.__dict__["tuned"] = tuned  # not a submodule: its parameters are named once, under root
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tuned.forward_from_prefix(h)
-
-    def full_state(self, trained: dict) -> dict:
-        """This module's state dict with the trained entries replaced by `trained`."""
-        out = {k: v for k, v in self.state_dict().items()}
-        for k, v in trained.items():
-            out[f"root.{k}"] = v
-        return out
+def full_state(view: FromPrefix, trained: dict) -> dict:
+    """The view's state dict with the trained entries replaced by `trained`."""
+    out = {k: v for k, v in view.state_dict().items()}
+    for k, v in trained.items():
+        out[f"root.{k}"] = v
+    return out
 
 
 def trained_part(full: dict, like: dict) -> dict:
@@ -152,7 +143,7 @@ def prefix_inputs(tuned: nn.Module, store: SampleStore, ids: list[str], features
 
 
 def load_features(path: str | None) -> FeatureCache | None:
-    """The feature cache (rows = samples-table rows; memory-mapped, rows read on demand), or None."""
+    """The feature cache (rows = samples-table rows, read on demand), or None."""
     return None if path is None else FeatureCache(path)
 
 

@@ -21,22 +21,6 @@ from pipeline_src.dp.regimes import apply_regime, nlft_scope
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class FromPrefix(nn.Module):
-    """forward(h) = tuned.forward_from_prefix(h): a tuned model fed its cached prefix features,
-    as one module Opacus can wrap (its hooks attach to the tuned model's submodules).
-
-    Args:
-        tuned: a tuned model of `pipeline_src.methods.registry` (fc/nlft `TailFineTune`, `TangentTuned`, `SideTuned`).
-    """
-
-    def __init__(self, tuned: nn.Module) -> None:
-        super().__init__()
-        self.tuned = tuned
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tuned.forward_from_prefix(h)
-
-
 def private_method_config(method_cfg: dict, jvp_only: bool | None) -> dict:
     """The method config DP trains (and records, so evaluation rebuilds the same model):
     for taft, `jvp_only` overrides the method's own setting unless it is None.

@@ -35,6 +35,7 @@ IDLE_SECONDS = 120
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
            "jsonschema", "yaml", "scipy.optimize")
 _HEADER = struct.Struct("!Q")
+PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/forkserver.py)
 _DONE = b"\x01"  # client -> server after it received the exit status; EOF without it: the client died
 
 
@@ -48,7 +49,7 @@ def code_digest(package: Path) -> str:
 
 def socket_path() -> Path:
     """One server per user, Python interpreter, package folder and version of its code."""
-    package = Path(__file__).resolve().parents[1]  # pipeline_src/runner/forkserver.py → pipeline_src
+    package = PACKAGE  # the whole pipeline_src, not only runner/
     key = f"{sys.executable}|{package}|{code_digest(package)}|{os.getuid()}"
     return Path(tempfile.gettempdir()) / f"vitpipe-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock"
 
@@ -180,7 +181,7 @@ def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
             path.unlink()  # stale socket of a dead server
         # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
         subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.forkserver", str(path)], start_new_session=True,
-                         cwd=Path(__file__).resolve().parents[2],
+                         cwd=PACKAGE.parent,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         deadline = time.monotonic() + wait_s

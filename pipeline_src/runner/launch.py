@@ -27,7 +27,7 @@ def _check_own_code(scriptdir: str | None) -> None:
     if not scriptdir or not Path(scriptdir).is_dir():  # e.g. a remote workflow's URL
         return
     workflow_pkg = Path(scriptdir).resolve().parent.parent / "pipeline_src"  # <root>/workflow/scripts
-    here = Path(__file__).resolve().parents[1]  # pipeline_src/runner/launch.py → pipeline_src
+    here = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/launch.py)
     if workflow_pkg.is_dir() and workflow_pkg != here:
         raise SystemExit(f"job of the workflow in {workflow_pkg.parent} imported pipeline_src from {here}; "
                          f"put {workflow_pkg.parent} first on PYTHONPATH")

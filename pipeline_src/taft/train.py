@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
+from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
 
 _BETAS = (0.9, 0.999)  # torch AdamW defaults
@@ -105,17 +106,6 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
             "epochs": epochs, "n_samples": n}
 
 
-class _FromPrefix(nn.Module):
-    """Makes `forward_from_prefix` the forward, for `functional_call`."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.forward_from_prefix(h)
-
-
 def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tensor, torch.Tensor]], *, epochs: int,
                              batch_size: int, lr: float, weight_decay_l2: float = 0.0, loss: str = "rsl",
                              alpha: Optional[float] = None, kappa: Optional[float] = None,
@@ -144,11 +134,11 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
         raise ValueError(f"train_tangent_vectorized: {len(seeds)} seeds for {S} shards")
     sizes = [_check_data(f, y, batch_size) for f, y in shards]
     model.eval()
-    wrapper = _FromPrefix(model)
+    wrapper = FromPrefix(model)
     named = model.named_delta_parameters()
     device, dtype = named[0][1].device, named[0][1].dtype
     # Stacked Δ, Adam moments: (S, *shape) per parameter.
-    params = {f"model.{n}": p.detach().unsqueeze(0).repeat(S, *([1] * p.dim())).clone() for n, p in named}
+    params = {f"tuned.{n}": p.detach().unsqueeze(0).repeat(S, *([1] * p.dim())).clone() for n, p in named}
     exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
     exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
     step_count = torch.zeros(S, dtype=torch.long, device=device)
@@ -181,7 +171,7 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
             histories[i].append(float(totals[i]) / sizes[i])
         if progress is not None:
             progress(epoch, [hist[-1] for hist in histories])
-    return [{"delta_state_dict": {n[len("model."):]: p[i].clone() for n, p in params.items()},
+    return [{"delta_state_dict": {n[len("tuned."):]: p[i].clone() for n, p in params.items()},
              "loss_history": histories[i], "steps": steps_per_epoch[i] * epochs, "epochs": epochs,
              "n_samples": sizes[i]} for i in range(S)]
 

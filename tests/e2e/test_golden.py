@@ -16,6 +16,7 @@ makes it fail instead.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import duckdb
 import pytest
 import yaml
 
-from pipeline_src.plan.environment import LOCK_FILE, lock_drift_message
+from pipeline_src.plan.environment import LOCK_FILE, fingerprint, lock_drift_message
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_accuracy.csv"
@@ -48,6 +49,18 @@ def run_tiny_study(workdir: Path) -> list[dict]:
         read_parquet('{workdir}/results/metrics/**/*.parquet', union_by_name=true)
         WHERE metric = 'accuracy' ORDER BY ALL""").fetchall()
     return [dict(zip((*KEY, "num_samples", "accuracy"), r)) for r in rows]
+
+
+def assert_fingerprinted(results: Path) -> None:
+    """Every metrics row and model record of the study carries this environment's fingerprint
+    (its versions; the commit and dirty flag may change while a developer edits during the run)."""
+    versions = {k: v for k, v in fingerprint().items() if k not in ("commit", "dirty")}
+    envs = duckdb.sql(f"""SELECT DISTINCT environment FROM
+        read_parquet('{results}/metrics/**/*.parquet', union_by_name=true)""").fetchall()
+    records = sorted((results / "train").rglob("*.json")) + sorted((results / "compose").rglob("*.json"))
+    found = [json.loads(e) for (e,) in envs] + [json.loads(r.read_text())["environment"] for r in records]
+    assert envs and records and all(e is not None for e in found)
+    assert all({k: e[k] for k in versions} == versions and set(e) == {*versions, "commit", "dirty"} for e in found)
 
 
 def key_of(row: dict) -> tuple[str, ...]:
@@ -104,6 +117,7 @@ def test_the_tiny_study_reproduces_the_golden_accuracies(tmp_path):
             pytest.skip(f"not the locked environment, golden numbers need not hold: {drift}")
         assert GOLDEN.is_file(), f"{GOLDEN} is missing: run `make golden`"
     rows = run_tiny_study(tmp_path)
+    assert_fingerprinted(tmp_path / "results")
     keys = [key_of(r) for r in rows]
     assert len(keys) == len(set(keys)), "accuracy rows of the tiny study are not unique by " + ", ".join(KEY)
     if UPDATE:

@@ -49,14 +49,10 @@ def processes_in(folder: Path) -> list[int]:
     return pids
 
 
-def cmdlines(pids: list[int]) -> list[str]:
-    out = []
-    for pid in pids:
-        try:
-            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
-        except OSError:
-            continue
-    return out
+def training_now(workdir: Path, log: Path) -> bool:
+    """A training job has started (its log exists) and not finished (no model yet)."""
+    model = workdir / "results" / "train" / log.relative_to(workdir / "results" / "logs" / "train").with_suffix(".safetensors")
+    return log.exists() and not model.exists() and bool(processes_in(workdir))  # the log opens at the start
 
 
 def metric_rows(workdir: Path) -> int:
@@ -83,8 +79,7 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     train_logs = killed / "results" / "logs" / "train"
     deadline = time.monotonic() + 300
-    while not (train_logs.exists() and any(p.stat().st_size for p in train_logs.rglob("*.log"))
-               and any(".train.py" in c for c in cmdlines(processes_in(killed)))):
+    while not (caught := [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]):
         assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
         time.sleep(0.1)
     os.killpg(smk.pid, signal.SIGKILL)  # Snakemake and its job clients; the fork server is in its own session
@@ -95,6 +90,10 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path):
         time.sleep(0.1)
     assert not processes_in(killed), "a job of the killed run is still running"
     assert not list(sockets.glob("*.sock")), "the fork server outlived its killed client"
+    for log in caught:  # the interrupted job was stopped, not left to finish behind the rerun
+        assert not training_now(killed, log) and not log.with_suffix(".bench.tsv").exists(), log
+        model = killed / "results" / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
+        assert not model.exists(), f"{model}: the killed run's job finished after the kill"
 
     proc = run(killed, "--cores", "2", env=env)
     assert proc.returncode != 0 and re.search(r"unlock|incomplete", proc.stderr, re.I), proc.stderr[-2000:]

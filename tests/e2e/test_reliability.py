@@ -115,6 +115,15 @@ def test_each_workflow_runs_its_own_code(tmp_path, private_tmpdir, forkserver):
         assert len(_servers_of(private_tmpdir)) == 2  # one per workflow copy
 
 
+def test_the_launch_guard_accepts_its_own_workflow_only(tmp_path):
+    from pipeline_src.runner.launch import _check_own_code
+
+    _check_own_code(str(REPO / "workflow" / "scripts"))  # this checkout's own jobs run
+    other = copy_workflow(tmp_path / "other")
+    with pytest.raises(SystemExit, match="first on PYTHONPATH"):
+        _check_own_code(str(other / "workflow" / "scripts"))
+
+
 def test_the_fork_server_is_keyed_by_the_code(tmp_path):
     wf = copy_workflow(tmp_path / "wf")
 

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from pipeline_src.fusion import diagonal_fisher
 from pipeline_src.matching import parameter_distance
 from pipeline_src.methods.fusion_models import (
-    FromPrefix,
     chosen_blocks,
     logits_from,
     match_state,
     matchable_keys,
     num_heads_of,
+    prefix_view,
     reinit_method_config,
     reinit_tail_blocks,
     reinit_tuned,
@@ -110,7 +110,7 @@ def test_fused_states_differ_from_the_soup_only_through_the_statistics():
 def test_fisher_through_the_prefix_view_equals_one_example_at_a_time(kind):
     model = shard_model(METHODS[kind], 0)
     h, y = model.prefix(images(4)), torch.tensor([0, 2, 1, 2])
-    view = FromPrefix(model)
+    view = prefix_view(model)
     fisher = diagonal_fisher(view, h, y, batch_size=3)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     ref = {n: torch.zeros_like(p) for n, p in params.items()}

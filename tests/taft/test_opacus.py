@@ -3,25 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
+from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.taft import TangentViT
 from pipeline_src.taft.opacus_support import register_opacus_grad_samplers
 
 opacus = pytest.importorskip("opacus")
 pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box
-
-
-class _FromPrefix(nn.Module):
-    def __init__(self, model: TangentViT) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.forward_from_prefix(h)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +39,7 @@ def test_per_sample_grads(setup, force_functorch: bool) -> None:
     from opacus.grad_sample import GradSampleModule
 
     model, h, y, ref = setup
-    gsm = GradSampleModule(_FromPrefix(model), batch_first=True, loss_reduction="sum",
+    gsm = GradSampleModule(FromPrefix(model), batch_first=True, loss_reduction="sum",
                            force_functorch=force_functorch)
     gsm.zero_grad()
     F.cross_entropy(gsm(h), y, reduction="sum").backward()
@@ -62,7 +53,7 @@ def test_ghost_clipping_norms(setup) -> None:
 
     model, h, y, ref = setup
     model.zero_grad()
-    gsm = GradSampleModuleFastGradientClipping(_FromPrefix(model), batch_first=True, loss_reduction="sum",
+    gsm = GradSampleModuleFastGradientClipping(FromPrefix(model), batch_first=True, loss_reduction="sum",
                                                max_grad_norm=1e9, use_ghost_clipping=True)
     F.cross_entropy(gsm(h), y, reduction="none").sum().backward()
     expected = torch.cat([v.flatten(1) for v in ref.values()], dim=1).norm(dim=1)

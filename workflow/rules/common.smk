@@ -78,16 +78,21 @@ def shard_manifests(shards, seed, shard=None):
     return [f"{base}/shard{i}.parquet" for i in range(int(shards))]
 
 
+def feature_inputs(method_name):
+    """{"features": the method's frozen-feature cache} when it trains from one, else {}."""
+    cache = feature_cache(config["methods"][method_name])
+    if config["features"]["cache"] and cache is not None:
+        return {"features": f"{R}/features/{cache}/features.npy"}
+    return {}
+
+
 def train_inputs_of(method_name, shards, seed, shard=None):
-    inputs = {
+    return {
         "samples": f"{R}/prepare/samples.parquet",
         "backbone": f"{R}/pretrain/model.safetensors",
         "manifest": shard_manifests(shards, seed, shard),
+        **feature_inputs(method_name),
     }
-    cache = feature_cache(config["methods"][method_name])
-    if config["features"]["cache"] and cache is not None:
-        inputs["features"] = f"{R}/features/{cache}/features.npy"
-    return inputs
 
 
 def shard_job_inputs(w, signature):

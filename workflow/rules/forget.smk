@@ -40,12 +40,7 @@ def _fraction_tag(f):
 
 
 def _study_cache_input(w):
-    from pipeline_src.methods.kinds import feature_cache
-
-    cache = feature_cache(config["methods"][w.method])
-    if config["features"]["cache"] and cache is not None:
-        return {"features": f"{R}/features/{cache}/features.npy"}
-    return {}
+    return feature_inputs(w.method)
 
 
 def unlearn_drop_inputs(w):

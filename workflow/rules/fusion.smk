@@ -16,11 +16,8 @@ FUSION_RUN = "{init}/{method}/n{shards}_s{seed}"
 
 def fusion_common_inputs(w):
     """Samples, backbone and (when cached) the method's frozen-prefix features."""
-    inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors"}
-    cache = feature_cache(config["methods"][w.method])
-    if config["features"]["cache"] and cache is not None:
-        inputs["features"] = f"{R}/features/{cache}/features.npy"
-    return inputs
+    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
+            **feature_inputs(w.method)}
 
 
 def fusion_match_inputs(w):

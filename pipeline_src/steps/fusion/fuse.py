@@ -19,7 +19,14 @@ from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.fusion import fuse
 from pipeline_src.methods.evaluation import classification_metrics
-from pipeline_src.methods.fusion_models import FromPrefix, load_features, logits_from, prefix_inputs, trained_part
+from pipeline_src.methods.fusion_models import (
+    full_state,
+    load_features,
+    logits_from,
+    prefix_inputs,
+    prefix_view,
+    trained_part,
+)
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.plan.fusion import variant
 from pipeline_src.runner.runtime import resolve_device, set_up_job
@@ -39,9 +46,9 @@ def fuse_states(fusion: str, states: list[dict], template: torch.nn.Module,
         data: per state, (prefix features, labels) of its training shard; None for 'soup'.
         regmean_alpha: RegMean's off-diagonal scaling.
     """
-    wrapper = FromPrefix(template)
+    wrapper = prefix_view(template)
     options = {"alpha": regmean_alpha} if fusion == "regmean" else {}
-    full = fuse(fusion, [wrapper.full_state(s) for s in states], model=wrapper, data=data, **options)
+    full = fuse(fusion, [full_state(wrapper, s) for s in states], model=wrapper, data=data, **options)
     return trained_part(full, states[0])
 
 

@@ -18,9 +18,10 @@ import pyarrow.parquet as pq
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.methods.kinds import kind_of
-from pipeline_src.methods.private import FromPrefix, per_example_loss, private_method_config, select_trainable
+from pipeline_src.methods.private import per_example_loss, private_method_config, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.privacy import epsilon_label
