@@ -46,7 +46,7 @@ class NpyWriter:
         if tuple(block.shape[1:]) != self.shape[1:] or block.dtype != self.dtype:
             raise ValueError(f"{self.path}: block {block.shape} {block.dtype} does not fit rows of "
                              f"{self.shape[1:]} {self.dtype}")
-        self._file.write(np.ascontiguousarray(block).tobytes())
+        self._file.write(memoryview(np.ascontiguousarray(block)).cast("B"))  # no extra copy
         self.rows_written += len(block)
 
     def close(self) -> None:
