@@ -1,31 +1,37 @@
-"""The prepared dataset on disk: `samples.parquet` (SAMPLES_SCHEMA) and `images.safetensors`."""
+"""The prepared dataset on disk: `samples.parquet` (SAMPLES_SCHEMA) and `images.npy`, a uint8
+(N, C, H, W) array that jobs read by row (`npy_rows.py`), so a job holds only its own images."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-import pyarrow as pa
+import numpy as np
 import pyarrow.parquet as pq
 import torch
-from safetensors.torch import load_file, save_file
 
-from pipeline_src.store.atomic import atomic_path, write_parquet
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.npy_rows import NpyRows
+
+IMAGES_FILE = "images.npy"
 
 
-@dataclass
 class Subset:
-    """Images and labels of one task and split, in sample-id order."""
+    """Labels of one set of samples, in the given order; `images` reads their rows only when asked.
 
-    ids: list[str]
-    images: torch.Tensor   # uint8 (N, C, H, W)
-    labels: torch.Tensor   # int64 (N,)
+    Args:
+        store: the store the samples come from.
+        ids: sample ids.
+        rows: their samples-table rows.
+        labels: int64 (N,).
+    """
 
+    def __init__(self, store: SampleStore, ids: list[str], rows: np.ndarray, labels: torch.Tensor) -> None:
+        self.store, self.ids, self.rows, self.labels = store, ids, rows, labels
 
-def save_samples(table: pa.Table, images: torch.Tensor, out_dir: str | Path) -> None:
-    out_dir = Path(out_dir)
-    with atomic_path(out_dir / "images.safetensors") as tmp:
-        save_file({"images": images.contiguous()}, str(tmp))
-    write_parquet(table, out_dir / "samples.parquet")
+    @property
+    def images(self) -> torch.Tensor:
+        """uint8 (N, C, H, W) of these samples (read now; not cached)."""
+        return self.store.image_rows(self.rows)
 
 
 class SampleStore:
@@ -34,15 +40,24 @@ class SampleStore:
     def __init__(self, samples_path: str | Path) -> None:
         samples_path = Path(samples_path)
         self.table = pq.read_table(samples_path)
-        self._images_path = samples_path.with_name("images.safetensors")
-        self._images: torch.Tensor | None = None
+        self._images_path = samples_path.with_name(IMAGES_FILE)
+        self._images: NpyRows | None = None
         self.row_of = dict(zip(self.table.column("sample_id").to_pylist(), self.table.column("row").to_pylist()))
+        self._labels = self.table.column("label").to_numpy()
 
     @property
-    def images(self) -> torch.Tensor:
+    def image_array(self) -> NpyRows:
+        """The uint8 (N, C, H, W) images on disk, read by row (nothing is read until asked)."""
         if self._images is None:
-            self._images = load_file(self._images_path)["images"]
+            self._images = NpyRows(self._images_path)
+            if len(self._images) != self.table.num_rows:
+                raise ValueError(f"{self._images_path}: {len(self._images)} images for {self.table.num_rows} "
+                                 f"samples; rerun `prepare`")
         return self._images
+
+    def image_rows(self, rows: np.ndarray | list[int]) -> torch.Tensor:
+        """uint8 images of these rows, in the given order (only they are read)."""
+        return torch.from_numpy(self.image_array.read(rows))
 
     def ids(self, task: str, split: str) -> list[str]:
         t = self.table.to_pydict()
@@ -52,14 +67,35 @@ class SampleStore:
         t = self.table.to_pydict()
         return len({lab for lab, tk in zip(t["label"], t["task"]) if tk == task})
 
-    def subset(self, ids: list[str]) -> Subset:
-        """The samples with these ids (unknown ids are an error naming the id)."""
+    def rows(self, ids: list[str]) -> np.ndarray:
+        """Samples-table rows of these ids (an unknown id is an error naming it)."""
         missing = [i for i in ids if i not in self.row_of]
         if missing:
             raise KeyError(f"sample id not in the prepared dataset: {missing[0]}")
-        rows = torch.tensor([self.row_of[i] for i in ids], dtype=torch.long)
-        labels = torch.tensor(self.table.column("label").to_numpy(), dtype=torch.long)[rows]
-        return Subset(list(ids), self.images[rows], labels)
+        return np.array([self.row_of[i] for i in ids], dtype=np.int64)
+
+    def subset(self, ids: list[str]) -> Subset:
+        """The samples with these ids (unknown ids are an error naming the id)."""
+        rows = self.rows(ids)
+        return Subset(self, list(ids), rows, torch.from_numpy(self._labels[rows].astype(np.int64)))
 
     def split(self, task: str, split: str) -> Subset:
         return self.subset(self.ids(task, split))
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor], ids: list[str], mean: list[float], std: list[float],
+              device: torch.device | str = "cpu", batch_size: int = 256) -> torch.Tensor:
+        """`fn` on the normalised images of these samples, read and converted to float one batch at a time.
+
+        Args:
+            fn: model part, float (B, C, H, W) on `device` → tensor.
+            ids: sample ids, in output order.
+            mean, std: the backbone's normalisation.
+            device: where `fn` runs.
+            batch_size: images per batch.
+        """
+        rows = self.rows(ids)
+        outs = [fn(to_model_input(self.image_rows(rows[i:i + batch_size]), mean, std).to(device, non_blocking=True))
+                for i in range(0, len(rows), batch_size)]
+        if not outs:
+            raise ValueError("SampleStore.apply: no samples")
+        return torch.cat(outs)

@@ -13,7 +13,7 @@ import torch
 from timm.layers import LayerScale
 from torch import nn
 
-from pipeline_src.data.images import to_model_input
+from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
@@ -134,22 +134,17 @@ def trained_part(full: dict, like: dict) -> dict:
     return {k: full[f"root.{k}"] for k in like}
 
 
-def prefix_inputs(tuned: nn.Module, store: SampleStore, ids: list[str], features: torch.Tensor | None,
+def prefix_inputs(tuned: nn.Module, store: SampleStore, ids: list[str], features: FeatureCache | None,
                   backbone_record: dict, device: torch.device) -> torch.Tensor:
     """Frozen-prefix features of these samples: rows of the cached features, or computed."""
     if features is not None:
-        return features[torch.tensor([store.row_of[i] for i in ids], dtype=torch.long)].to(device)
-    x = to_model_input(store.subset(ids).images, backbone_record["mean"], backbone_record["std"]).to(device)
-    return batched_apply(tuned.prefix, x)
+        return features.rows([store.row_of[i] for i in ids], blocks=getattr(tuned, "cache_blocks", None)).to(device)
+    return store.apply(tuned.prefix, ids, backbone_record["mean"], backbone_record["std"], device)
 
 
-def load_features(path: str | None) -> torch.Tensor | None:
-    """The whole feature cache (rows = samples-table rows), or None without a cache."""
-    if path is None:
-        return None
-    from safetensors.torch import load_file
-
-    return load_file(path)["features"]
+def load_features(path: str | None) -> FeatureCache | None:
+    """The feature cache (rows = samples-table rows, read on demand), or None."""
+    return None if path is None else FeatureCache(path)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from pipeline_src.data.vit_parts import reset_head
-from pipeline_src.last.features import extract_features, side_inputs
+from pipeline_src.last.features import extract_features
 from pipeline_src.last.train import build_side_network, train_side_network
 from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import cross_entropy, fit
@@ -142,8 +142,9 @@ LAST_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "
 class SideTuned(nn.Module):
     """A frozen backbone plus a LAST side network, seen through the tuned-model interface.
 
-    The prefix is the stack of the backbone's embedding and every block's output
-    (B, depth + 1, N, D), computed under no_grad; the side network reads the ones it needs.
+    The prefix is the stack of the block outputs the side network reads, z_0, z_g, ..., z_depth
+    (B, depth / g + 1, N, D; `cache_blocks` are their backbone block indices), computed under
+    no_grad or read from the `blocks` feature cache.
     """
 
     def __init__(self, backbone: VisionTransformer, cfg: dict) -> None:
@@ -153,14 +154,24 @@ class SideTuned(nn.Module):
         # One init seed for every shard: side networks of one study start from the same point.
         self.member["seed"] = cfg.get("init_seed", 0)
         self.side = build_side_network(backbone, self.member, num_classes=backbone.num_classes)
+        self.cache_blocks = list(range(0, self.side.depth + 1, self.side.every))  # z_0, z_g, ..., z_depth
+
+    @torch.no_grad()
+    def prefix_blocks(self, x: torch.Tensor, blocks: list[int]) -> torch.Tensor:
+        """The outputs of these backbone blocks (0 = embedding), stacked: (B, len(blocks), N, D)."""
+        feats = extract_features(self.backbone, x, every=1)
+        return torch.stack([feats[k] for k in blocks], dim=1)
 
     @torch.no_grad()
     def prefix(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack(extract_features(self.backbone, x, every=1), dim=1)
+        return torch.stack(extract_features(self.backbone, x, every=self.side.every), dim=1)
 
     def _inputs(self, h: torch.Tensor) -> list[torch.Tensor]:
-        feats = {f"z{i}": h[:, i] for i in range(h.shape[1])}  # (B, N, D) each
-        return side_inputs(feats, every=self.side.every, depth=h.shape[1] - 1)
+        if h.shape[1] != len(self.cache_blocks):
+            raise ValueError(f"LAST (every={self.side.every}): prefix features hold {h.shape[1]} block outputs, "
+                             f"expected blocks {self.cache_blocks}; read a blocks cache with "
+                             "load_rows(..., model=...)")
+        return list(h.unbind(1))  # (B, N, D) each
 
     def forward_from_prefix(self, h: torch.Tensor) -> torch.Tensor:
         return self.side(self._inputs(h))
@@ -177,7 +188,7 @@ class SideTuned(nn.Module):
 
 def train_last(model: SideTuned, features, labels, settings: dict, seed: int, desc: str) -> dict:
     member = {**model.member, "lr": settings["lr"], "weight_decay": settings["weight_decay"]}
-    feats = {f"z{i}": features[:, i] for i in range(features.shape[1])}
+    feats = {f"z{b}": features[:, j] for j, b in enumerate(model.cache_blocks)}
     state = train_side_network(model.backbone, feats, labels, member, num_classes=model.backbone.num_classes,
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
                                progress=lambda e, step, loss: None)

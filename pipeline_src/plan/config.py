@@ -16,6 +16,7 @@ import yaml
 from pipeline_src.methods.kinds import method_errors
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.feature_budget import budget_report
 from pipeline_src.plan.forget import check_forget_section
 from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
@@ -150,7 +151,19 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
         _check_no_empty_shard(cfg)
+        check_cache_budget(cfg)
     check_privacy_config(cfg, n_train, cache_dir)
+
+
+def check_cache_budget(cfg: dict) -> list[str]:
+    """The estimated size of each feature cache, one line each; refuses a study over
+    `features.max_cache_gb`, naming the cache (`plan/feature_budget.py`)."""
+    from pipeline_src.plan.forget import samples_table
+
+    lines, error = budget_report(cfg, samples_table(cfg).num_rows)
+    if error:
+        raise ConfigError(error)
+    return lines
 
 
 def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:

@@ -25,7 +25,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 SAMPLES_SCHEMA = pa.schema([
     ("sample_id", pa.string()),    # stable: "<source>/<class>/<index or file name>"
-    ("row", pa.int64()),           # row of this sample in images.safetensors
+    ("row", pa.int64()),           # row of this sample in images.npy (and the feature caches)
     ("task", pa.string()),         # "source" (pretraining) or "target" (fine-tuning)
     ("split", pa.string()),        # "train" | "val" | "test"
     ("label", pa.int64()),         # label within its task

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import resource
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -24,8 +26,13 @@ def execute(step: str, args: StepArgs) -> int:
         os.close(log_fd)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
+    t0 = time.perf_counter()
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)
+        # The exact peak (Snakemake's benchmark files sample it and can miss short peaks);
+        # benchmarks/bench_scale.py reads this line. Not after a failure: the error stays last.
+        print(f"[launch] peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB, "
+              f"wall {time.perf_counter() - t0:.2f} s", flush=True)
         return 0
     except Exception:
         traceback.print_exc()

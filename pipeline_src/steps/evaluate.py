@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline_src.data.images import to_model_input
+import torch
+
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.loading import load_tuned_model
-from pipeline_src.methods.training import batched_apply
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
@@ -23,13 +23,15 @@ def main(args: StepArgs) -> None:
     set_up_job(args.threads, int(w["seed"]))
     device = resolve_device(cfg["device"])
     t0 = time.perf_counter()
-    test = SampleStore(args.input.samples).split("target", "test")
+    store = SampleStore(args.input.samples)
+    test = store.split("target", "test")
     all_logits, record = [], None
     for path in args.input.models:
         model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)
         model.to(device).eval()
-        x = to_model_input(test.images, backbone_record["mean"], backbone_record["std"]).to(device)
-        all_logits.append(batched_apply(model, x).cpu())
+        with torch.no_grad():  # images are read from the store and converted one batch at a time
+            all_logits.append(store.apply(lambda x, m=model: m(x).cpu(), test.ids, backbone_record["mean"],
+                                          backbone_record["std"], device))
     logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
     values = classification_metrics(logits, test.labels)
     context = dict(

@@ -1,21 +1,29 @@
-"""features: cache frozen-backbone features once per backbone and cache kind (`last{k}`:
-the input of the last k blocks; `blocks`: every block's output, for LAST), for every sample, so shard jobs never rerun the frozen blocks."""
+"""features: cache frozen-backbone features once per backbone and cache kind (`last{k}`: the
+input of the last k blocks; `blocks`: the embedding and the block outputs LAST reads), for every
+sample, so shard jobs never rerun the frozen blocks.
+
+Images are read and converted per batch and each batch's features are appended to a `.npy`
+in `features.dtype` (`data/feature_cache.py`), so the job's memory does not
+grow with the dataset. Shard jobs read their own rows with `load_rows`.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import torch
-from safetensors.torch import save_file
 
 from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.feature_cache import FeatureCache, FeatureCacheWriter
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.vit_parts import vit_prefix
 from pipeline_src.last.features import extract_features
-from pipeline_src.methods.training import batched_apply
+from pipeline_src.plan.feature_budget import kept_blocks
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.store.atomic import atomic_path
+
+BATCH = 128
 
 
 def main(args: StepArgs) -> None:
@@ -23,24 +31,46 @@ def main(args: StepArgs) -> None:
     set_up_job(args.threads, cfg["seed"])
     device = resolve_device(cfg["device"])
     backbone, record = load_backbone(Path(args.input.backbone).parent)
-    backbone.to(device)
+    backbone.to(device).eval()
     cache = args.wildcards["cache"]
-    if cache == "blocks":  # LAST: (num_samples, depth + 1, tokens, dim)
-        fn = lambda b: torch.stack(extract_features(backbone, b.to(device), every=1), dim=1).cpu()  # noqa: E731
+    meta: dict = {"cache": cache, "depth": len(backbone.blocks)}
+    if cache == "blocks":  # LAST: (num_samples, len(blocks), tokens, dim)
+        blocks = kept_blocks(len(backbone.blocks), args.params.get("everys") or [1])
+        meta["blocks"] = blocks
+        fn = lambda b: torch.stack([extract_features(backbone, b, every=1)[k] for k in blocks], dim=1)  # noqa: E731
     else:  # tokens entering the last k blocks: (num_samples, tokens, dim)
         start = len(backbone.blocks) - int(cache.removeprefix("last"))
-        fn = lambda b: vit_prefix(backbone, b.to(device), start).cpu()  # noqa: E731
+        fn = lambda b: vit_prefix(backbone, b, start)  # noqa: E731
     store = SampleStore(args.input.samples)
-    feats = batched_apply(fn, to_model_input(store.images, record["mean"], record["std"]))  # row i = samples row i
-    with atomic_path(args.output.features) as tmp:
-        save_file({"features": feats.contiguous()}, str(tmp), metadata={"cache": cache, "rows": str(len(feats))})
-    print(f"cached features '{cache}': {tuple(feats.shape)}")
+    n = len(store.image_array)
+    dtype = args.params.get("dtype") or cfg["features"]["dtype"]
+    writer = None
+    try:
+        with torch.no_grad():
+            for s in range(0, n, BATCH):
+                x = to_model_input(store.image_rows(range(s, min(n, s + BATCH))), record["mean"], record["std"])
+                h = fn(x.to(device, non_blocking=True)).cpu()  # row i = samples row i
+                if writer is None:
+                    writer = FeatureCacheWriter(args.output.features, (n, *h.shape[1:]), dtype, meta)
+                writer.write(s, h)
+        if writer is None:
+            raise ValueError(f"features '{cache}': the prepared dataset {args.input.samples} has no samples")
+        writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    print(f"cached features '{cache}': {tuple(writer.shape)} {dtype}"
+          + (f", blocks {meta['blocks']}" if "blocks" in meta else ""))
 
 
-def load_rows(path: str | Path, rows: list[int]) -> torch.Tensor:
-    """The cached features of these samples-table rows."""
-    from safetensors import safe_open
+def load_rows(path: str | Path, rows: Sequence[int], model: torch.nn.Module | None = None) -> torch.Tensor:
+    """The cached features of these samples-table rows, float32, reading only those rows.
 
-    with safe_open(str(path), framework="pt") as f:
-        feats = f.get_tensor("features")
-    return feats[torch.tensor(rows, dtype=torch.long)]
+    Args:
+        path: the cache's `features.npy`.
+        rows: samples-table rows.
+        model: the tuned model the features feed; a LAST model (`cache_blocks`) gets its own
+            blocks of a `blocks` cache, in its order.
+    """
+    return FeatureCache(path).rows(rows, blocks=getattr(model, "cache_blocks", None))

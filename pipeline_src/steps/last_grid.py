@@ -33,6 +33,8 @@ def main(args) -> None:
     from pipeline_src.last.grid import train_side_grid
     from pipeline_src.last.train import build_side_network
     from pipeline_src.methods.evaluation import classification_metrics
+    from pipeline_src.plan.feature_budget import kept_blocks
+    from pipeline_src.plan.sharding import shard_ids
     from pipeline_src.steps.train import load_job, shard_seed
     from pipeline_src.store.metrics import metric_rows, write_metrics
 
@@ -42,13 +44,15 @@ def main(args) -> None:
     shard = 0
     model = job.new_model()  # the base SideTuned: its prefix computes features when there is no cache
     t0 = time.perf_counter()
-    ids, features, labels = job.shard_data(model, shard)
+    depth = len(model.backbone.blocks)
+    blocks = kept_blocks(depth, sorted({p["every"] for p in points}))  # what any member reads
+    ids, features, labels = job.samples_data(model, shard_ids(job.manifest, shard), blocks=blocks)
     members = [{**model.member, "rank": p["rank"], "heads": p["heads"], "every": p["every"],
                 "modules_per_block": p["modules_per_block"], "seed": p["init_seed"], "lr": p["lr"],
                 "weight_decay": job.settings["weight_decay"]} for p in points]
     backbone = model.backbone
     num_classes = backbone.num_classes
-    feats = {f"z{i}": features[:, i] for i in range(features.shape[1])}
+    feats = {f"z{b}": features[:, j] for j, b in enumerate(blocks)}
     states = train_side_grid(backbone, feats, labels, members, num_classes=num_classes,
                              epochs=job.settings["epochs"], batch_size=job.settings["batch_size"],
                              seed=shard_seed(job.seed, shard))
@@ -59,13 +63,14 @@ def main(args) -> None:
         data = job.store.split("target", split)
         if not data.ids:
             continue
-        _, split_feats, split_labels = job.samples_data(model, data.ids)
+        _, split_feats, split_labels = job.samples_data(model, data.ids, blocks=blocks)
         for point, member, state in zip(points, members, states):
             model.side = build_side_network(backbone, member, num_classes=num_classes).to(job.device)
             model.load_trainable_state(state)
             model.eval()
+            own = [blocks.index(b) for b in range(0, depth + 1, member["every"])]  # this member's blocks
             with torch.no_grad():
-                logits = torch.cat([model.forward_from_prefix(h) for h in split_feats.split(512)]).cpu()
+                logits = torch.cat([model.side(list(h[:, own].unbind(1))) for h in split_feats.split(512)]).cpu()
             values = classification_metrics(logits, split_labels.cpu())
             context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=job.name, kind="last",
                            model=MODEL, variant=point_variant(point), shards=job.shards, shard_id=shard, seed=job.seed,

@@ -9,10 +9,9 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline_src.data.backbone import load_backbone
-from pipeline_src.data.images import to_model_input
+from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
-from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
@@ -56,14 +55,28 @@ class TrainingJob:
         """(ids, frozen prefix features, labels) of one shard, from the cache when there is one."""
         return self.samples_data(model, shard_ids(self.manifest, shard))
 
-    def samples_data(self, model: TunedModel, ids: list[str]) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """(ids, frozen prefix features, labels) of any samples, from the cache when there is one."""
+    def samples_data(self, model: TunedModel, ids: list[str],
+                     blocks: list[int] | None = None) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """(ids, frozen prefix features, labels) of any samples, from the cache when there is one
+        (only their rows are read), else from their images, read and converted per batch.
+
+        Args:
+            model: the tuned model whose prefix the features are.
+            ids: sample ids.
+            blocks: LAST only: these backbone block outputs instead of the model's own (the grid).
+        """
         data = self.store.subset(ids)
         if "features" in self.args.input._names:
-            features = load_rows(self.args.input.features, [self.store.row_of[i] for i in ids]).to(self.device)
+            rows = data.rows.tolist()
+            if blocks is None:
+                features = load_rows(self.args.input.features, rows, model)
+            else:
+                features = FeatureCache(self.args.input.features).rows(rows, blocks=blocks)
+            features = features.to(self.device)
         else:
-            x = to_model_input(data.images, self.backbone_record["mean"], self.backbone_record["std"]).to(self.device)
-            features = batched_apply(model.prefix, x)
+            fn = model.prefix if blocks is None else (lambda x: model.prefix_blocks(x, blocks))
+            features = self.store.apply(fn, ids, self.backbone_record["mean"], self.backbone_record["std"],
+                                        self.device)
         return ids, features, data.labels.to(self.device)
 
     def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str) -> None:

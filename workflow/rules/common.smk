@@ -11,6 +11,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache
+from pipeline_src.plan.feature_budget import side_everys
 from pipeline_src.plan.environment import warn_on_lock_drift
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
@@ -23,6 +24,10 @@ except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()
 config.update(_validated)
+if workflow.is_main_process:  # the estimated feature cache sizes (refused over features.max_cache_gb above)
+    from pipeline_src.plan.config import check_cache_budget
+    for _line in check_cache_budget(config):
+        logger.info(_line)
 
 R = "results"
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
@@ -77,7 +82,7 @@ def feature_inputs(method_name):
     """{"features": the method's frozen-feature cache} when it trains from one, else {}."""
     cache = feature_cache(config["methods"][method_name])
     if config["features"]["cache"] and cache is not None:
-        return {"features": f"{R}/features/{cache}/features.safetensors"}
+        return {"features": f"{R}/features/{cache}/features.npy"}
     return {}
 
 

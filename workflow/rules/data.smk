@@ -1,7 +1,7 @@
 rule prepare:
     output:
         samples=f"{R}/prepare/samples.parquet",
-        images=f"{R}/prepare/images.safetensors",
+        images=f"{R}/prepare/images.npy",
     params:
         signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
         listing=dataset_listing_digest(),
@@ -9,6 +9,7 @@ rule prepare:
         f"{R}/logs/prepare/prepare.log",
     benchmark:
         f"{R}/logs/prepare/prepare.bench.tsv"
+    threads: 2  # decoding threads
     script:
         "../scripts/step.py"
 

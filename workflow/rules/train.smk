@@ -3,7 +3,12 @@ rule features:
         samples=rules.prepare.output.samples,
         backbone=rules.pretrain.output.model,
     output:
-        features=f"{R}/features/{{cache}}/features.safetensors",
+        features=f"{R}/features/{{cache}}/features.npy",
+        meta=f"{R}/features/{{cache}}/features.json",
+    params:
+        # blocks cache: the LAST spacings g whose block outputs it keeps; dtype: storage dtype
+        everys=lambda w: side_everys(config) if w.cache == "blocks" else None,
+        dtype=config["features"]["dtype"],
     log:
         f"{R}/logs/features/{{cache}}.log",
     benchmark:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from pipeline_src.data.backbone import load_backbone
+from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import average_states
@@ -49,7 +50,7 @@ class StudyContext:
     backbone: Any
     backbone_record: dict
     store: SampleStore
-    features: torch.Tensor | None
+    features: FeatureCache | None
     device: torch.device
 
     @property
@@ -71,11 +72,9 @@ class StudyContext:
 
 def load_context(args: StepArgs) -> StudyContext:
     """The context of a study step whose inputs name `samples`, `backbone` and maybe `features`."""
-    from safetensors.torch import load_file
-
     cfg = args.config
     backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
-    feats = load_file(args.input.features)["features"] if "features" in args.input._names else None
+    feats = FeatureCache(args.input.features) if "features" in args.input._names else None
     return StudyContext(cfg, args.wildcards["method"], backbone, backbone_record, SampleStore(args.input.samples),
                         feats, resolve_device(cfg["device"]))
 
@@ -97,7 +96,7 @@ def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: s
     t0 = time.perf_counter()
     model = ctx.new_model()
     if ctx.features is not None:
-        features = ctx.features[torch.tensor([ctx.store.row_of[i] for i in ids])].to(ctx.device)
+        features = ctx.features.rows(data.rows, blocks=getattr(model, "cache_blocks", None)).to(ctx.device)
     else:
         x = to_model_input(data.images, ctx.backbone_record["mean"], ctx.backbone_record["std"]).to(ctx.device)
         features = batched_apply(model.prefix, x)

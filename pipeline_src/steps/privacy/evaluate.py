@@ -43,12 +43,14 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
     cached = "features" in args.input._names
-    feats = load_rows(args.input.features, [store.row_of[i] for i in test.ids]) if cached else None
+    feats = None
     all_logits, records = [], []
     for path in args.input.models:
         model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)
         model.to(device).eval()
         if cached:  # the prefix is frozen: the cached features are exactly its output
+            if feats is None:  # read once, with the blocks this method reads (LAST)
+                feats = load_rows(args.input.features, [store.row_of[i] for i in test.ids], model)
             logits = batched_apply(model.forward_from_prefix, feats.to(device))
         else:
             logits = batched_apply(model, to_model_input(test.images, backbone_record["mean"],

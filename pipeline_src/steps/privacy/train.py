@@ -71,7 +71,7 @@ def main(args: StepArgs) -> None:
 
     t0 = time.perf_counter()
     if "features" in args.input._names:
-        features = load_rows(args.input.features, [store.row_of[i] for i in ids]).to(device)
+        features = load_rows(args.input.features, [store.row_of[i] for i in ids], model).to(device)
     else:
         x = to_model_input(data.images, backbone_record["mean"], backbone_record["std"]).to(device)
         features = batched_apply(model.prefix, x)

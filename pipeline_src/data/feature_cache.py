@@ -1,0 +1,148 @@
+"""Out-of-core feature caches: one memory-mappable `.npy` array per cache plus a JSON sidecar.
+
+A job reads only the rows it needs (`npy_rows.NpyRows`: positional reads, sorted so they go
+forward through the file; the file is an ordinary `.npy` that `np.load(mmap_mode="r")` opens
+too) and gets float32 torch tensors, converted chunk by chunk, so its memory depends on its own
+rows, never on the dataset's size.
+
+Layout of `features.npy`: row i = samples-table row i.
+    `last{k}` caches: (num_samples, tokens, dim);
+    `blocks` caches:  (num_samples, len(blocks), tokens, dim), where `blocks` (in the sidecar)
+    are the backbone block indices kept (0 = the embedding, k = output of block k), only those
+    a LAST configuration of the study reads (Tang et al., "Low-Rank Attention Side-Tuning", 2024).
+Storage dtype (`features.dtype`): float16, bfloat16 (stored as its uint16 bit pattern, since
+numpy has no bfloat16) or float32.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from pipeline_src.data.npy_rows import NpyRows, NpyWriter
+from pipeline_src.store.atomic import write_json
+
+# storage dtype name -> numpy dtype on disk
+STORAGE = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16), "float32": np.dtype(np.float32)}
+READ_CHUNK_BYTES = 64 << 20  # rows converted to float32 at a time (bounds the temporary copies)
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """`features.json` beside `features.npy`."""
+    return Path(path).with_suffix(".json")
+
+
+def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
+    """A float tensor as the numpy array stored for `dtype` (bfloat16: its bit pattern)."""
+    x = x.detach().cpu()
+    if dtype == "bfloat16":
+        return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return x.to(torch.float16 if dtype == "float16" else torch.float32).numpy()
+
+
+def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
+    """Stored rows back as a float32 tensor."""
+    a = np.ascontiguousarray(a)
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).float()
+    return torch.from_numpy(a).float()
+
+
+class FeatureCacheWriter:
+    """Writes a cache in row order, chunk by chunk, to a temporary file; `close()` renames it
+    into place and then writes the sidecar.
+
+    Args:
+        path: the final `.npy` path (its sidecar goes beside it).
+        shape: full array shape, rows first.
+        dtype: storage dtype name (`STORAGE`).
+        meta: sidecar fields (cache name, kept blocks, ...).
+    """
+
+    def __init__(self, path: str | Path, shape: Sequence[int], dtype: str, meta: dict) -> None:
+        if dtype not in STORAGE:
+            raise ValueError(f"features.dtype: '{dtype}' is not one of {sorted(STORAGE)}")
+        self.path, self.dtype, self.shape = Path(path), dtype, tuple(int(s) for s in shape)
+        self.meta = {**meta, "shape": list(self.shape), "dtype": dtype, "format": "npy-rows-v1"}
+        self._writer = NpyWriter(self.path, self.shape, STORAGE[dtype])
+
+    @property
+    def rows_written(self) -> int:
+        return self._writer.rows_written
+
+    def write(self, start: int, x: torch.Tensor) -> None:
+        """Store rows [start, start + len(x)) (in row order)."""
+        self._writer.write(start, to_storage(x, self.dtype))
+
+    def close(self) -> None:
+        self._writer.close()  # the array first: a sidecar always describes a complete array
+        write_json(self.meta, sidecar_path(self.path))
+
+    def abort(self) -> None:
+        self._writer.abort()
+
+
+class FeatureCache:
+    """Read access to one cache: `rows(r)` reads only rows r, as float32.
+
+    Args:
+        path: the cache's `.npy` file (its sidecar `.json` beside it).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.meta = json.loads(sidecar_path(self.path).read_text())
+        except (OSError, ValueError) as e:
+            raise FileNotFoundError(f"feature cache {self.path}: no readable sidecar {sidecar_path(self.path).name} "
+                                    f"({e}); rerun the `features` rule") from e
+        self.array = NpyRows(self.path)
+        if list(self.array.shape) != self.meta["shape"]:
+            raise ValueError(f"feature cache {self.path}: array shape {self.array.shape} "
+                             f"does not match its sidecar {self.meta['shape']}")
+        self.dtype = self.meta["dtype"]
+        self.blocks = self.meta.get("blocks")  # block indices kept (blocks caches only)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def positions(self, blocks: Sequence[int]) -> list[int]:
+        """Positions in the stored block axis of these backbone block indices (error names missing ones)."""
+        if self.blocks is None:
+            raise ValueError(f"feature cache {self.path}: not a blocks cache, cannot select blocks {list(blocks)}")
+        missing = [b for b in blocks if b not in self.blocks]
+        if missing:
+            raise KeyError(f"feature cache {self.path} keeps blocks {self.blocks}, not {missing}: the study's LAST "
+                           f"settings changed since it was built; rerun the `features` rule")
+        return [self.blocks.index(b) for b in blocks]
+
+    def rows(self, rows: Sequence[int] | torch.Tensor | np.ndarray, blocks: Sequence[int] | None = None) -> torch.Tensor:
+        """float32 features of these samples-table rows, in the given order.
+
+        Args:
+            rows: samples-table row numbers (any order, repeats allowed).
+            blocks: for a blocks cache, the backbone block indices to return (dim 1, in this
+                order); None returns every stored block.
+        """
+        rows = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if len(rows) and (rows.min() < 0 or rows.max() >= n):
+            bad = int(rows[(rows < 0) | (rows >= n)][0])
+            raise IndexError(f"feature cache {self.path}: row {bad} out of range (it has {n} rows); "
+                             f"rerun `features` after `prepare`")
+        pos = None if blocks is None else np.asarray(self.positions(blocks))
+        row_shape = self.array.shape[1:] if pos is None else (len(pos), *self.array.shape[2:])
+        out = torch.empty((len(rows), *row_shape), dtype=torch.float32)
+        step = max(1, READ_CHUNK_BYTES // max(1, self.array.row_bytes))
+        for s in range(0, len(rows), step):  # float32 conversion a chunk at a time
+            chunk = self.array.read(rows[s:s + step])
+            if pos is not None:
+                chunk = chunk[:, pos]
+            out[s:s + len(chunk)] = from_storage(chunk, self.dtype)
+        return out
+
+    def __getitem__(self, rows) -> torch.Tensor:
+        return self.rows(rows)

@@ -1,0 +1,62 @@
+"""Out-of-core feature caches: rows read from the memory-mapped file equal the in-memory rows."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline_src.data import feature_cache
+from pipeline_src.data.feature_cache import FeatureCache, FeatureCacheWriter
+
+
+def write(path, x: torch.Tensor, dtype: str, chunk: int = 7, **meta) -> FeatureCache:
+    w = FeatureCacheWriter(path, x.shape, dtype, {"cache": "test", **meta})
+    for s in range(0, len(x), chunk):
+        w.write(s, x[s:s + chunk])
+    w.close()
+    return FeatureCache(path)
+
+
+ROWS = [17, 3, 3, 0, 29, 11]  # unsorted, with a repeat
+
+
+@pytest.mark.parametrize("dtype,cast", [("float32", torch.float32), ("float16", torch.float16),
+                                        ("bfloat16", torch.bfloat16)])
+def test_rows_equal_the_in_memory_rows(tmp_path, dtype, cast):
+    x = torch.randn(30, 5, 4) * 3
+    cache = write(tmp_path / "f.npy", x, dtype)
+    got = cache.rows(ROWS)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, x.to(cast).float()[torch.tensor(ROWS)])
+    assert torch.equal(cache[torch.tensor(ROWS)], got)  # tensor indexing, as the old whole-tensor path
+    assert cache.meta["shape"] == [30, 5, 4] and cache.meta["dtype"] == dtype
+
+
+def test_reads_in_chunks_give_the_same_rows(tmp_path, monkeypatch):
+    x = torch.randn(30, 5, 4)
+    cache = write(tmp_path / "f.npy", x, "float32")
+    monkeypatch.setattr(feature_cache, "READ_CHUNK_BYTES", 1)  # one row per read
+    assert torch.equal(cache.rows(ROWS), x[torch.tensor(ROWS)])
+
+
+def test_blocks_selection_and_errors(tmp_path):
+    x = torch.randn(10, 3, 2, 4)  # stored blocks 0, 2, 4
+    cache = write(tmp_path / "f.npy", x, "float32", blocks=[0, 2, 4])
+    assert torch.equal(cache.rows([4, 1], blocks=[4, 0]), x[[4, 1]][:, [2, 0]])
+    with pytest.raises(KeyError, match=r"keeps blocks \[0, 2, 4\], not \[1\].*rerun the `features` rule"):
+        cache.rows([0], blocks=[0, 1])
+    with pytest.raises(IndexError, match="row 10 out of range"):
+        cache.rows([0, 10])
+
+
+def test_an_unfinished_or_unreadable_cache_is_an_error(tmp_path):
+    w = FeatureCacheWriter(tmp_path / "f.npy", (4, 2), "float16", {})
+    w.write(0, torch.zeros(2, 2))
+    with pytest.raises(RuntimeError, match="wrote 2 of 4 rows"):
+        w.close()
+    assert not list(tmp_path.iterdir())  # neither the array nor a temporary file is left
+    np.save(tmp_path / "g.npy", np.zeros((2, 2), np.float16))
+    with pytest.raises(FileNotFoundError, match="g.json"):
+        FeatureCache(tmp_path / "g.npy")
+    with pytest.raises(ValueError, match="features.dtype"):
+        FeatureCacheWriter(tmp_path / "h.npy", (1,), "float8", {})
