@@ -100,11 +100,14 @@ def signature_path(name):
 
 def signature_value(name):
     """The parse-time signature behind `signature_path(name)`: `upstream`, `train-<method>` or
-    `private-<method>`."""
+    `private-<protocol>-<method>`."""
     if name == "upstream":
         return upstream_signature()
     job, method = name.split("-", 1)
-    return signature_of(method) if job == "train" else private_signature_of(method)
+    if job == "train":
+        return signature_of(method)
+    protocol, method = method.split("-", 1)  # private-<protocol>-<method>
+    return private_signature_of(protocol, method)
 
 
 def upstream_signature():
