@@ -19,6 +19,7 @@ from torch import nn
 from pipeline_src.data.vit_parts import reset_head
 from pipeline_src.last.features import extract_features, side_inputs
 from pipeline_src.last.train import build_side_network, train_side_network
+from pipeline_src.methods.kinds import LAST_DEFAULTS
 from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import cross_entropy, fit
 from pipeline_src.taft.tangent_vit import TangentViT
@@ -136,7 +137,7 @@ register_method(Method(
 
 
 # ---------------------------------------------------------------- LAST side networks
-LAST_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "zero_init_up", "init_seed")
+LAST_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "zero_init_up", "ffn_hidden", "init_seed")
 
 
 class SideTuned(nn.Module):
@@ -149,7 +150,7 @@ class SideTuned(nn.Module):
     def __init__(self, backbone: VisionTransformer, cfg: dict) -> None:
         super().__init__()
         self.backbone = backbone.requires_grad_(False).eval()
-        self.member = {k: cfg[k] for k in LAST_KEYS if k in cfg and k != "init_seed"}
+        self.member = {**LAST_DEFAULTS, **{k: cfg[k] for k in LAST_KEYS if k in cfg and k != "init_seed"}}
         # One init seed for every shard: side networks of one study start from the same point.
         self.member["seed"] = cfg.get("init_seed", 0)
         self.side = build_side_network(backbone, self.member, num_classes=backbone.num_classes)

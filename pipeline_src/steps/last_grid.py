@@ -44,7 +44,8 @@ def main(args) -> None:
     t0 = time.perf_counter()
     ids, features, labels = job.shard_data(model, shard)
     members = [{**model.member, "rank": p["rank"], "heads": p["heads"], "every": p["every"],
-                "modules_per_block": p["modules_per_block"], "seed": p["init_seed"], "lr": p["lr"],
+                "modules_per_block": p["modules_per_block"], "bias_correction": p["bias_correction"],
+                "seed": p["init_seed"], "lr": p["lr"],
                 "weight_decay": job.settings["weight_decay"]} for p in points]
     backbone = model.backbone
     num_classes = backbone.num_classes
