@@ -22,6 +22,7 @@ from torch import Tensor
 
 from pipeline_src.last.features import side_inputs
 from pipeline_src.last.side_network import SideNetwork
+from pipeline_src.plan.schedule import apply_schedule
 
 MEMBER_DEFAULTS: dict = {
     "every": 1, "modules_per_block": 1, "bias_correction": True, "zero_init_up": False,
@@ -85,7 +86,7 @@ def check_dataset(features: Mapping[str, Tensor], labels: Tensor, num_classes: i
 
 def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tensor], labels: Tensor, member: Mapping,
                        *, num_classes: int, epochs: int, batch_size: int, seed: int,
-                       progress: Progress | None = None) -> dict[str, Tensor]:
+                       progress: Progress | None = None, schedule: dict | None = None) -> dict[str, Tensor]:
     """Train one side network with torch.optim.AdamW; return its state dict (on the CPU).
 
     Args:
@@ -98,6 +99,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
         batch_size: samples per step.
         seed: data-order seed (shared by all members of a grid).
         progress: optional callback (epoch, step, loss of shape (1,)).
+        schedule: `train.schedule` (`plan/schedule.py`), per optimizer step; None: constant lr.
     """
     m = normalize_member(member)
     n = check_dataset(features, labels, num_classes)
@@ -112,6 +114,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
         loss = F.cross_entropy(net(batch), labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        apply_schedule(opt, m["lr"], schedule, step, steps_per_epoch, epochs * steps_per_epoch)
         opt.step()
         if progress is not None:
             progress(step // steps_per_epoch, step, loss.detach().reshape(1))

@@ -82,7 +82,7 @@ def train_cross_entropy(model: TunedModel, features, labels, settings: dict, see
     params = [p for p in model.parameters() if p.requires_grad]
     return fit(model.forward_from_prefix, params, features, labels, epochs=settings["epochs"],
                batch_size=settings["batch_size"], lr=settings["lr"], weight_decay=settings["weight_decay"],
-               seed=seed, loss_fn=cross_entropy, desc=desc)
+               seed=seed, loss_fn=cross_entropy, desc=desc, schedule=settings.get("schedule"))
 
 
 register_method(Method(
@@ -126,7 +126,7 @@ def train_taft(model: TangentTuned, features, labels, settings: dict, seed: int,
     o = taft_options(settings["method"])
     out = train_tangent(model, features, labels, epochs=settings["epochs"], batch_size=settings["batch_size"],
                         lr=settings["lr"], weight_decay_l2=o["l2"], loss=o["loss"], alpha=o["alpha"],
-                        kappa=o["kappa"], radius=o["radius"], seed=seed,
+                        kappa=o["kappa"], radius=o["radius"], seed=seed, schedule=settings.get("schedule"),
                         progress=lambda e, loss: print(f"{desc}: epoch {e + 1} loss {loss:.4f}", flush=True))
     return {"train_loss": out["loss_history"][-1], "steps": out["steps"], "linearization_id": model.linearization_id()}
 
@@ -181,7 +181,7 @@ def train_last(model: SideTuned, features, labels, settings: dict, seed: int, de
     feats = {f"z{i}": features[:, i] for i in range(features.shape[1])}
     state = train_side_network(model.backbone, feats, labels, member, num_classes=model.backbone.num_classes,
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
-                               progress=lambda e, step, loss: None)
+                               progress=lambda e, step, loss: None, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
     with torch.no_grad():
         loss = F.cross_entropy(model.forward_from_prefix(features[:512]), labels[:512]).item()

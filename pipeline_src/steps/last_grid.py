@@ -52,7 +52,7 @@ def main(args) -> None:
     feats = {f"z{i}": features[:, i] for i in range(features.shape[1])}
     states = train_side_grid(backbone, feats, labels, members, num_classes=num_classes,
                              epochs=job.settings["epochs"], batch_size=job.settings["batch_size"],
-                             seed=shard_seed(job.seed, shard))
+                             seed=shard_seed(job.seed, shard), schedule=job.settings.get("schedule"))
     print(f"trained {len(members)} side networks of {job.name} n{job.shards} shard {shard} on {len(ids)} samples "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
