@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from pipeline_src.methods.kinds import method_errors
+from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.forget import check_forget_section
@@ -147,6 +148,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
     # Each study checks its own section and raises ConfigError naming <section>.<key>.
     check_fusion_config(cfg)
     check_last_grid_config(cfg)
+    check_ablations_config(cfg)
     check_forget_section(cfg, check_ids=count_samples)
     n_train = None
     if count_samples:

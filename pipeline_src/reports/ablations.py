@@ -35,3 +35,40 @@ def fig4_weight_distance(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[
 
 
 REPORTS: dict = {"fig4_weight_distance": fig4_weight_distance}
+
+
+ABLATION_SQL = """
+SELECT method, json_extract_string(variant, '$.figure') AS figure, json_extract_string(variant, '$.point') AS point,
+       json_extract_string(variant, '$.loss') AS loss,
+       CASE WHEN json_extract(variant, '$.reset')::BOOLEAN THEN 'F' ELSE 'T' END AS PT,
+       CASE WHEN json_extract(variant, '$.reset_cls')::BOOLEAN THEN 'T' ELSE 'F' END AS CLS,
+       json_extract(variant, '$.radius')::DOUBLE AS radius, json_extract(variant, '$.l2')::DOUBLE AS l2,
+       avg(value) FILTER (WHERE metric = 'accuracy') AS accuracy,
+       avg(value) FILTER (WHERE metric = 'weight_distance') AS weight_distance,
+       count(DISTINCT seed) AS seeds
+FROM metrics WHERE model = 'ablation' AND json_extract_string(variant, '$.study') = 'ablation'
+GROUP BY ALL ORDER BY ALL
+"""
+
+
+def taft_ablations(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Fig. 2 (accuracy by loss × PT × CLS) and Table 12 (accuracy and ‖Δw‖ by radius R × l2)."""
+    if not has_rows(con, "metrics", "model = 'ablation'"):
+        return []
+    df = con.sql(ABLATION_SQL).df()
+    paths = []
+    fig2 = df[df.figure == "fig2"][["method", "loss", "PT", "CLS", "accuracy", "weight_distance", "seeds"]]
+    if not fig2.empty:
+        paths += save_table(fig2, out_dir, "fig2_ablation", "Fig. 2: TAFT test accuracy by loss, PT (pretrained "
+                            "linearization point) and CLS (linearized CLS token)", floatfmt=".4g")
+    t12 = df[df.figure == "table12"].copy()
+    if not t12.empty:
+        t12["radius"] = t12.radius.map(lambda r: "none" if r != r else f"{r:g}")  # NaN: no projection
+        wide = t12.pivot_table(index=["method", "radius"], columns="l2", values="accuracy").reset_index()
+        wide.columns = [c if isinstance(c, str) else f"l2={c:g}" for c in wide.columns]
+        paths += save_table(wide, out_dir, "table12_radius", "Table 12: TAFT test accuracy by PGD radius R (rows) "
+                            "and L2 weight on ‖Δw‖² (columns)", floatfmt=".4g")
+    return paths
+
+
+REPORTS["taft_ablations"] = taft_ablations
