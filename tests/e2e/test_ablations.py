@@ -50,7 +50,8 @@ def test_every_variant_and_the_base_point_equals_the_train_step(study):
     acc = rows[rows.metric == "accuracy"].set_index("point").value
     assert len(acc) == 6 and acc.between(0, 1).all()
     dist = rows[rows.metric == "weight_distance"].set_index("point").value
-    assert (dist["table12_r-0.5_l2-0"] <= 0.5 + 1e-9) and dist["table12_r-none_l2-0"] > 0  # PGD keeps ‖Δw‖ ≤ R
+    # PGD keeps ‖Δw‖ ≤ R (up to the float32 rounding of the stored Δ)
+    assert dist["table12_r-0.5_l2-0"] <= 0.5 * (1 + 1e-6) and dist["table12_r-none_l2-0"] > 0.5
     # the point with the method's own settings (loss rsl, PT = T, CLS = F) trains the DAG's model
     _, record = load_model(study / "results/train/taft-1/n1_s0/shard0.safetensors")
     assert record["method_config"] == {"kind": "taft", "k": 1}
