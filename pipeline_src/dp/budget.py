@@ -40,17 +40,20 @@ def epsilon_for(*, sigma: float, sample_rate: float, steps: int, delta: float, a
 
 
 def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int, epochs: int,
-                max_grad_norm: float, accountant: str = "rdp") -> dict:
-    """Noise multiplier σ reaching (ε, δ) after `epochs` of Poisson-sampled steps.
+                max_grad_norm: float, accountant: str = "rdp", full_batch: bool = False) -> dict:
+    """Noise multiplier σ reaching (ε, δ) after `epochs` of Poisson-sampled steps, or after
+    `epochs` full-batch steps (q = 1, `full_batch.py`).
 
     Args:
         epsilon: target ε (> 0).
         delta: target δ, in (0, 1/n_samples).
         n_samples: dataset size N (the privacy unit is one example).
-        batch_size: expected batch size; the sampling rate is 1/ceil(N/batch_size), as Opacus.
+        batch_size: expected batch size; the sampling rate is 1/ceil(N/batch_size), as Opacus
+            (full_batch: the micro-batch size, which does not enter the accounting).
         epochs: planned epochs.
         max_grad_norm: clipping bound C (> 0).
         accountant: "rdp" or "prv".
+        full_batch: one step per epoch over the whole set: sampling rate 1, steps = epochs.
     Returns:
         Record with epsilon (target), epsilon_planned (ε of the chosen σ), delta, sigma,
         max_grad_norm, sample_rate, steps, epochs, batch_size, n_samples, accountant.
@@ -67,9 +70,9 @@ def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int
         raise InfeasibleBudget(f"delta must lie in (0, 1/N) = (0, {1 / n_samples:.3g}); got {delta}")
     if max_grad_norm <= 0:
         raise InfeasibleBudget(f"max_grad_norm must be positive, got {max_grad_norm}")
-    if batch_size > n_samples:
+    if batch_size > n_samples and not full_batch:
         raise InfeasibleBudget(f"sampling rate batch_size/N = {batch_size}/{n_samples} > 1")
-    spe = steps_per_epoch(n_samples, batch_size)
+    spe = 1 if full_batch else steps_per_epoch(n_samples, batch_size)
     sample_rate = 1.0 / spe
     steps = spe * epochs
     try:

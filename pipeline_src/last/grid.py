@@ -40,6 +40,7 @@ from pipeline_src.last.train import (
     check_dataset,
     normalize_member,
 )
+from pipeline_src.plan.schedule import lr_factor
 
 
 class _Group:
@@ -59,6 +60,7 @@ class _Group:
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self.t = 0
+        self.lr_factor = 1.0  # the schedule's factor for the next step (`train_side_grid`)
 
     def params(self) -> dict[str, Tensor]:
         """name -> (M, *shape) views of the flat parameters (differentiable)."""
@@ -80,12 +82,12 @@ class _Group:
         b1, b2 = ADAM_BETAS
         bc1, bc2_sqrt = 1 - b1 ** self.t, math.sqrt(1 - b2 ** self.t)
         with torch.no_grad():  # torch.optim.AdamW's single-tensor formula, lr and wd per member (row)
-            p, m, v = self.flat, self.exp_avg, self.exp_avg_sq
-            p.mul_(1 - self.lr * self.wd)  # decoupled weight decay
+            p, m, v, lr = self.flat, self.exp_avg, self.exp_avg_sq, self.lr * self.lr_factor
+            p.mul_(1 - lr * self.wd)  # decoupled weight decay
             m.lerp_(grad, 1 - b1)
             v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
             denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
-            p.sub_((self.lr / bc1) * m / denom)
+            p.sub_((lr / bc1) * m / denom)
         return losses.detach()
 
     def state_dicts(self) -> list[dict[str, Tensor]]:
@@ -140,7 +142,7 @@ class SideGrid:
 
 def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor], labels: Tensor, members: list[Mapping],
                     *, num_classes: int, epochs: int, batch_size: int, seed: int,
-                    progress: Progress | None = None) -> list[dict[str, Tensor]]:
+                    progress: Progress | None = None, schedule: dict | None = None) -> list[dict[str, Tensor]]:
     """Train all members at once; return their state dicts in the given order.
 
     Equivalent (to float rounding) to `[train_side_network(..., member=m, ...) for m in members]`.
@@ -155,6 +157,7 @@ def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor],
         batch_size: samples per step.
         seed: data-order seed shared by all members.
         progress: optional callback (epoch, step, per-member losses of shape (num_members,)).
+        schedule: `train.schedule`, the same factor for every member at each step.
     """
     n = check_dataset(features, labels, num_classes)
     grid = SideGrid(backbone, members, num_classes=num_classes)
@@ -162,6 +165,8 @@ def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor],
     steps_per_epoch = -(-n // batch_size)
     for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):
         batch = {k: features[k][idx].to(dev) for k in grid.keys if k in features}
+        for g in grid.groups:
+            g.lr_factor = lr_factor(schedule or {}, step, steps_per_epoch, epochs * steps_per_epoch)
         losses = grid.step(batch, labels[idx].to(dev))
         if progress is not None:
             progress(step // steps_per_epoch, step, losses)

@@ -105,6 +105,9 @@ def low_rank_representation(net: SideNetwork, params: Mapping[str, Tensor],
         base (B, N, D): z_m, or S_m = z_0 + ... + z_m without bias correction;
         W (M, D, K); c (M, B, N, K).
     """
+    if getattr(net, "ffn_hidden", 0):  # an FFN adds a non-linear D-wide term: no low-rank stream
+        raise ValueError(f"LAST grid: side networks with an FFN (ffn_hidden={net.ffn_hidden}) have no low-rank "
+                         f"stream form; train them one at a time (the `train` step)")
     if len(features) != net.num_blocks + 1:
         raise ValueError(f"LAST grid: expected {net.num_blocks + 1} feature tensors (z_0..z_m for every={net.every}, "
                          f"depth={net.depth}), got {len(features)}")

@@ -34,7 +34,9 @@ from pipeline_src.last.features import check_every
 
 
 class LowRankSelfAttention(nn.Module):
-    """One LSA module: x + B(MHA_r(A_Q·LN(x), A_K·LN(x), A_V·LN(x))). No FFN.
+    """One LSA module: x + B(MHA_r(A_Q·LN(x), A_K·LN(x), A_V·LN(x))); no FFN by default (the
+    paper's LSA), or then y + W_2·GELU(W_1·LN(y)) with a small FFN of `ffn_hidden` units (the FFN
+    ablation of LAST, Table 6).
 
     Attention runs on r dims split into n heads with scale 1/sqrt(r/n). With `fused_attn`
     (default, like timm's Attention) it uses `F.scaled_dot_product_attention`, which does not
@@ -51,10 +53,11 @@ class LowRankSelfAttention(nn.Module):
         proj_bias: bias in B.
         zero_init_up: start with B = 0 (module starts as the identity).
         norm_eps: LayerNorm epsilon (timm ViTs use 1e-6).
+        ffn_hidden: hidden units of the FFN after the attention (0: none, the paper's LSA).
     """
 
     def __init__(self, dim: int, rank: int, heads: int, *, qkv_bias: bool = True, proj_bias: bool = True,
-                 zero_init_up: bool = False, norm_eps: float = 1e-6) -> None:
+                 zero_init_up: bool = False, norm_eps: float = 1e-6, ffn_hidden: int = 0) -> None:
         super().__init__()
         if rank < 1 or heads < 1 or rank % heads != 0:
             raise ValueError(f"LowRankSelfAttention: rank={rank} must be a positive multiple of heads={heads}")
@@ -67,17 +70,28 @@ class LowRankSelfAttention(nn.Module):
         self.a_k = nn.Linear(dim, rank, bias=qkv_bias)
         self.a_v = nn.Linear(dim, rank, bias=qkv_bias)
         self.b = nn.Linear(rank, dim, bias=proj_bias)
+        if ffn_hidden < 0:
+            raise ValueError(f"LowRankSelfAttention: ffn_hidden={ffn_hidden} must be >= 0")
+        self.ffn_hidden = ffn_hidden
+        if ffn_hidden:  # pre-norm FFN as a timm Block's MLP: LN -> fc1 -> GELU -> fc2, residual
+            self.ffn_norm = nn.LayerNorm(dim, eps=norm_eps)
+            self.fc1 = nn.Linear(dim, ffn_hidden)
+            self.fc2 = nn.Linear(ffn_hidden, dim)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator, std: float = 0.02) -> None:
         """timm-ViT style init: truncated normal weights (std 0.02), zero biases, unit LN."""
         self.norm.reset_parameters()
-        for lin in (self.a_q, self.a_k, self.a_v, self.b):
+        ffn = (self.fc1, self.fc2) if self.ffn_hidden else ()
+        if self.ffn_hidden:
+            self.ffn_norm.reset_parameters()
+        for lin in (self.a_q, self.a_k, self.a_v, self.b, *ffn):
             nn.init.trunc_normal_(lin.weight, std=std, a=-2 * std, b=2 * std, generator=generator)
             if lin.bias is not None:
                 lin.bias.zero_()
-        if self.zero_init_up:
-            self.b.weight.zero_()
+        if self.zero_init_up:  # the module starts as the identity: B and the FFN's output are 0
+            for lin in (self.b, *ffn[1:]):
+                lin.weight.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
         bsz, n_tok, _ = x.shape
@@ -93,7 +107,10 @@ class LowRankSelfAttention(nn.Module):
             attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)  # (B, n, N, N)
             o = attn @ v
         o = o.transpose(1, 2).reshape(bsz, n_tok, self.rank)  # (B, N, r)
-        return x + self.b(o)
+        x = x + self.b(o)
+        if self.ffn_hidden:
+            x = x + self.fc2(F.gelu(self.fc1(self.ffn_norm(x))))
+        return x
 
 
 class SideNetwork(nn.Module):
@@ -114,11 +131,13 @@ class SideNetwork(nn.Module):
         seed: seed of the random init (independent of the global RNG).
         qkv_bias: bias in A_Q, A_K, A_V.
         proj_bias: bias in B.
+        ffn_hidden: a small FFN of this many hidden units in every LSA module (0: none; the
+            FFN ablation of LAST, Table 6).
     """
 
     def __init__(self, backbone: VisionTransformer, *, rank: int, heads: int, every: int, modules_per_block: int,
                  num_classes: int, bias_correction: bool = True, zero_init_up: bool = False, seed: int = 0,
-                 qkv_bias: bool = True, proj_bias: bool = True) -> None:
+                 qkv_bias: bool = True, proj_bias: bool = True, ffn_hidden: int = 0) -> None:
         super().__init__()
         if getattr(backbone, "attn_pool", None) is not None:
             raise NotImplementedError("SideNetwork: backbones with an attention-pooling (MAP) head are not supported")
@@ -132,11 +151,13 @@ class SideNetwork(nn.Module):
         self.num_blocks = check_every(backbone, every)
         self.depth, self.every = len(backbone.blocks), every
         self.bias_correction = bias_correction
+        self.ffn_hidden = ffn_hidden
         dim = backbone.embed_dim
         ref = next(backbone.parameters())
         self.blocks = nn.ModuleList(
             nn.Sequential(*(LowRankSelfAttention(dim, rank, heads, qkv_bias=qkv_bias, proj_bias=proj_bias,
-                                                 zero_init_up=zero_init_up) for _ in range(modules_per_block)))
+                                                 zero_init_up=zero_init_up, ffn_hidden=ffn_hidden)
+                            for _ in range(modules_per_block)))
             for _ in range(self.num_blocks))
         # Pooling exactly as the backbone's forward_head; norms start as copies of the backbone's.
         self.global_pool = backbone.global_pool

@@ -5,7 +5,7 @@ Fine-Tuning" (LAST), arXiv:2402.04009, 2024.
 
 A *member* is a dict describing one side network and its optimizer:
     rank, heads (required); every=1, modules_per_block=1, bias_correction=True,
-    zero_init_up=False, qkv_bias=True, proj_bias=True, seed=0 (init seed),
+    zero_init_up=False, qkv_bias=True, proj_bias=True, ffn_hidden=0, seed=0 (init seed),
     lr=1e-3, weight_decay=0.0 (AdamW, betas (0.9, 0.999), eps 1e-8).
 Cross-entropy loss, no augmentation (features are cached). The batch order depends only
 on (n, batch_size, epochs, seed), so every member of a grid (`grid.py`) sees the same
@@ -22,14 +22,15 @@ from torch import Tensor
 
 from pipeline_src.last.features import side_inputs
 from pipeline_src.last.side_network import SideNetwork
+from pipeline_src.plan.schedule import apply_schedule
 
 MEMBER_DEFAULTS: dict = {
     "every": 1, "modules_per_block": 1, "bias_correction": True, "zero_init_up": False,
-    "qkv_bias": True, "proj_bias": True, "seed": 0, "lr": 1e-3, "weight_decay": 0.0,
+    "qkv_bias": True, "proj_bias": True, "ffn_hidden": 0, "seed": 0, "lr": 1e-3, "weight_decay": 0.0,
 }
 REQUIRED_KEYS = ("rank", "heads")
 # Members sharing these values have identical parameter shapes and forward: one stacked group (`grid.py`).
-ARCH_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "qkv_bias", "proj_bias")
+ARCH_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "qkv_bias", "proj_bias", "ffn_hidden")
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
@@ -57,7 +58,7 @@ def build_side_network(backbone: VisionTransformer, member: Mapping, *, num_clas
     return SideNetwork(backbone, rank=m["rank"], heads=m["heads"], every=m["every"],
                        modules_per_block=m["modules_per_block"], num_classes=num_classes,
                        bias_correction=m["bias_correction"], zero_init_up=m["zero_init_up"], seed=m["seed"],
-                       qkv_bias=m["qkv_bias"], proj_bias=m["proj_bias"])
+                       qkv_bias=m["qkv_bias"], proj_bias=m["proj_bias"], ffn_hidden=m["ffn_hidden"])
 
 
 def batch_order(n: int, *, batch_size: int, epochs: int, seed: int) -> list[Tensor]:
@@ -85,7 +86,7 @@ def check_dataset(features: Mapping[str, Tensor], labels: Tensor, num_classes: i
 
 def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tensor], labels: Tensor, member: Mapping,
                        *, num_classes: int, epochs: int, batch_size: int, seed: int,
-                       progress: Progress | None = None) -> dict[str, Tensor]:
+                       progress: Progress | None = None, schedule: dict | None = None) -> dict[str, Tensor]:
     """Train one side network with torch.optim.AdamW; return its state dict (on the CPU).
 
     Args:
@@ -98,6 +99,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
         batch_size: samples per step.
         seed: data-order seed (shared by all members of a grid).
         progress: optional callback (epoch, step, loss of shape (1,)).
+        schedule: `train.schedule` (`plan/schedule.py`), per optimizer step; None: constant lr.
     """
     m = normalize_member(member)
     n = check_dataset(features, labels, num_classes)
@@ -112,6 +114,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
         loss = F.cross_entropy(net(batch), labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        apply_schedule(opt, m["lr"], schedule, step, steps_per_epoch, epochs * steps_per_epoch)
         opt.step()
         if progress is not None:
             progress(step // steps_per_epoch, step, loss.detach().reshape(1))

@@ -44,6 +44,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 )}
 
 
+# LAST's defaults of the DAG's `last` methods: the paper's g = 2 (one LSA block after every 2
+# backbone blocks) and T = 2 modules per block (Tang et al. 2024); g must divide the depth.
+LAST_DEFAULTS = {"every": 2, "modules_per_block": 2}
+
+
 def kind_of(method_cfg: dict | str) -> Kind:
     """The facts of a method config's kind (or of a kind name)."""
     name = method_cfg if isinstance(method_cfg, str) else method_cfg["kind"]
@@ -86,8 +91,10 @@ def method_errors(name: str, method_cfg: dict, depth: int | None) -> list[tuple[
     if kind.side:
         if method_cfg["rank"] % method_cfg["heads"]:
             return [(f"methods.{name}.heads", f"must divide rank {method_cfg['rank']}")]
-        if depth is not None and depth % method_cfg.get("every", 1):
-            return [(f"methods.{name}.every", f"must divide backbone depth {depth}")]
+        every = method_cfg.get("every", LAST_DEFAULTS["every"])
+        if depth is not None and depth % every:
+            return [(f"methods.{name}.every", f"{every} must divide backbone depth {depth}"
+                     + ("" if "every" in method_cfg else " (the default g = 2 is LAST's; set every: 1)"))]
     if kind.tuned_blocks and depth is not None and method_cfg["k"] > depth:
         return [(f"methods.{name}.k", f"{method_cfg['k']} exceeds backbone depth {depth}")]
     return []
@@ -101,7 +108,25 @@ def matchable_blocks(method_cfg: dict, depth: int | None) -> int | None:
         return method_cfg["k"]
     if depth is None:
         return None
-    return depth // method_cfg.get("every", 1)
+    return depth // method_cfg.get("every", LAST_DEFAULTS["every"])
+
+
+def nonlinear_counterpart(method_cfg: dict) -> dict | None:
+    """The non-linear model a linearized method stands for, whose retraining from scratch is the
+    TAFT paper's forgetting paragon (Liu, Soatto et al., ICLR 2024, App. C.3): taft-k → nlft-k.
+    None for a kind that is not linearized (its own retraining is the paragon).
+
+    Args:
+        method_cfg: a method's settings.
+    """
+    if not kind_of(method_cfg).tangent:
+        return None
+    return {"kind": "nlft", "k": method_cfg["k"]}
+
+
+def is_counterpart(method_cfg: dict, counterpart: dict) -> bool:
+    """Whether `method_cfg` is a method of the counterpart's kind and k (any other settings)."""
+    return method_cfg["kind"] == counterpart["kind"] and method_cfg.get("k") == counterpart.get("k")
 
 
 def matches_ffn(method_cfg: dict | str) -> bool:

@@ -19,6 +19,7 @@ from torch import nn
 from pipeline_src.data.vit_parts import reset_head
 from pipeline_src.last.features import extract_features
 from pipeline_src.last.train import build_side_network, train_side_network
+from pipeline_src.methods.kinds import LAST_DEFAULTS
 from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import cross_entropy, fit
 from pipeline_src.taft.tangent_vit import TangentViT
@@ -81,7 +82,7 @@ def train_cross_entropy(model: TunedModel, features, labels, settings: dict, see
     params = [p for p in model.parameters() if p.requires_grad]
     return fit(model.forward_from_prefix, params, features, labels, epochs=settings["epochs"],
                batch_size=settings["batch_size"], lr=settings["lr"], weight_decay=settings["weight_decay"],
-               seed=seed, loss_fn=cross_entropy, desc=desc)
+               seed=seed, loss_fn=cross_entropy, desc=desc, schedule=settings.get("schedule"))
 
 
 register_method(Method(
@@ -125,7 +126,7 @@ def train_taft(model: TangentTuned, features, labels, settings: dict, seed: int,
     o = taft_options(settings["method"])
     out = train_tangent(model, features, labels, epochs=settings["epochs"], batch_size=settings["batch_size"],
                         lr=settings["lr"], weight_decay_l2=o["l2"], loss=o["loss"], alpha=o["alpha"],
-                        kappa=o["kappa"], radius=o["radius"], seed=seed,
+                        kappa=o["kappa"], radius=o["radius"], seed=seed, schedule=settings.get("schedule"),
                         progress=lambda e, loss: print(f"{desc}: epoch {e + 1} loss {loss:.4f}", flush=True))
     return {"train_loss": out["loss_history"][-1], "steps": out["steps"], "linearization_id": model.linearization_id()}
 
@@ -136,7 +137,7 @@ register_method(Method(
 
 
 # ---------------------------------------------------------------- LAST side networks
-LAST_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "zero_init_up", "init_seed")
+LAST_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "zero_init_up", "ffn_hidden", "init_seed")
 
 
 class SideTuned(nn.Module):
@@ -150,7 +151,7 @@ class SideTuned(nn.Module):
     def __init__(self, backbone: VisionTransformer, cfg: dict) -> None:
         super().__init__()
         self.backbone = backbone.requires_grad_(False).eval()
-        self.member = {k: cfg[k] for k in LAST_KEYS if k in cfg and k != "init_seed"}
+        self.member = {**LAST_DEFAULTS, **{k: cfg[k] for k in LAST_KEYS if k in cfg and k != "init_seed"}}
         # One init seed for every shard: side networks of one study start from the same point.
         self.member["seed"] = cfg.get("init_seed", 0)
         self.side = build_side_network(backbone, self.member, num_classes=backbone.num_classes)
@@ -191,7 +192,7 @@ def train_last(model: SideTuned, features, labels, settings: dict, seed: int, de
     feats = {f"z{b}": features[:, j] for j, b in enumerate(model.cache_blocks)}
     state = train_side_network(model.backbone, feats, labels, member, num_classes=model.backbone.num_classes,
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
-                               progress=lambda e, step, loss: None)
+                               progress=lambda e, step, loss: None, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
     with torch.no_grad():
         loss = F.cross_entropy(model.forward_from_prefix(features[:512]), labels[:512]).item()

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from pipeline_src.plan.schedule import apply_schedule
+
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
@@ -30,6 +32,7 @@ def fit(
     seed: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
     desc: str = "train",
+    schedule: dict | None = None,
 ) -> dict[str, float]:
     """Minimise `loss_fn(forward(x), y)` over `params` with AdamW.
 
@@ -38,6 +41,7 @@ def fit(
         params: the parameters to train (everything else is frozen).
         inputs, labels: the whole training set, already on the training device.
         seed: seeds the batch order (a generator of its own, so no global RNG is touched).
+        schedule: `train.schedule` (`plan/schedule.py`), applied per optimizer step; None: constant.
     Returns:
         The last epoch's mean loss and the wall time.
     """
@@ -49,6 +53,7 @@ def fit(
     t0 = time.perf_counter()
     bar = tqdm(total=epochs * steps_per_epoch, desc=desc, file=sys.stderr, mininterval=2.0, disable=None)
     epoch_loss = float("nan")
+    step = 0
     for _ in range(epochs):
         order = torch.randperm(len(inputs), generator=gen).to(inputs.device)
         total = 0.0
@@ -57,7 +62,9 @@ def fit(
             loss = loss_fn(forward(inputs[idx]), labels[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            apply_schedule(opt, lr, schedule, step, steps_per_epoch, epochs * steps_per_epoch)
             opt.step()
+            step += 1
             total += loss.item() * len(idx)
             bar.update(1)
         epoch_loss = total / len(inputs)

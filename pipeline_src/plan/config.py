@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from pipeline_src.methods.kinds import method_errors
+from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.feature_budget import budget_report
@@ -22,6 +23,7 @@ from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
 from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
+from pipeline_src.plan.schedule import schedule_errors
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 
@@ -130,16 +132,24 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         if not root or not Path(root).is_dir():
             raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {root}")
     kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
-    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay"}
+    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule"}
+    for key, message in schedule_errors(cfg["train"]["schedule"], cfg["train"]["epochs"]):
+        raise ConfigError(f"config key '{key}': {message}")
     for name, method in cfg["methods"].items():
         for key in method:
             if key not in shared and key not in kind_keys[method["kind"]]:
                 raise ConfigError(f"config key 'methods.{name}.{key}': not an option of kind '{method['kind']}'")
+        if "schedule" in method or "epochs" in method:  # the schedule this method trains with
+            where = f"methods.{name}.schedule" if "schedule" in method else "train.schedule"
+            epochs = method.get("epochs", cfg["train"]["epochs"])
+            for key, message in schedule_errors(method.get("schedule", cfg["train"]["schedule"]), epochs, where):
+                raise ConfigError(f"config key '{key}': {message} (methods.{name} trains {epochs} epochs)")
         for key, message in method_errors(name, method, depth if cfg["backbone"]["source"] == "pretrain" else None):
             raise ConfigError(f"config key '{key}': {message}")
     # Each study checks its own section and raises ConfigError naming <section>.<key>.
     check_fusion_config(cfg)
     check_last_grid_config(cfg)
+    check_ablations_config(cfg)
     check_forget_section(cfg, check_ids=count_samples)
     n_train = None
     if count_samples:

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from pipeline_src.methods.kinds import is_counterpart, nonlinear_counterpart
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.samples import assign_splits, list_samples
 from pipeline_src.plan.sharding import shard_manifest
@@ -221,6 +222,27 @@ def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
     for f in study["forget_fractions"]:
         if not 0 < f < 1:
             raise ConfigError(f"config key 'forget.study.forget_fractions': {f} is not in (0, 1)")
+
+
+def nonlinear_paragon(cfg: dict, method: str) -> tuple[str, dict] | None:
+    """(name, settings) of the method whose retraining on the remaining data is the TAFT paper's
+    forgetting paragon ("re-training the non-linear model from scratch", App. C.3, Fig. 3) for
+    `method`: a method of `methods:` of the non-linear counterpart's kind and k (its own
+    settings; the first in config order), else the counterpart with the shared `train:`
+    settings, named `<method>-nonlinear`. None when `method` is not linearized: its own
+    retraining (`unlearn_paragon`) is then that paragon.
+
+    Args:
+        cfg: the validated config.
+        method: a method name of `forget.study.methods`.
+    """
+    counterpart = nonlinear_counterpart(cfg["methods"][method])
+    if counterpart is None:
+        return None
+    for name, m in cfg["methods"].items():
+        if is_counterpart(m, counterpart):
+            return name, m
+    return f"{method}-nonlinear", counterpart
 
 
 # ---------------------------------------------------------------- study requests

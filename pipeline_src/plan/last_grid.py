@@ -3,7 +3,7 @@
 Paper: Tang, Fu, Zhu, Wu, "Low-Rank Attention Side-Tuning for Parameter-Efficient
 Fine-Tuning" (LAST), arXiv:2402.04009, 2024. The base is a `last` method of `methods:` (config
 `last_grid.method`); each list of `last_grid` (lrs, ranks, heads, every, modules_per_block,
-init_seeds) replaces one of its settings, an empty list keeps the method's value, and the grid
+bias_corrections, init_seeds) replaces one of its settings, an empty list keeps the method's value, and the grid
 is their product. The job is `pipeline_src/steps/last_grid.py`.
 """
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import json
 
-from pipeline_src.methods.kinds import kind_of
+from pipeline_src.methods.kinds import LAST_DEFAULTS, kind_of
 from pipeline_src.plan.errors import ConfigError
 
 # last_grid list key -> the base method's key it replaces (and its default there).
 GRID_KEYS = {"lrs": "lr", "ranks": "rank", "heads": "heads", "every": "every",
-             "modules_per_block": "modules_per_block", "init_seeds": "init_seed"}
-METHOD_DEFAULTS = {"every": 1, "modules_per_block": 1, "init_seed": 0}
+             "modules_per_block": "modules_per_block", "bias_corrections": "bias_correction",
+             "init_seeds": "init_seed"}
+METHOD_DEFAULTS = {**LAST_DEFAULTS, "bias_correction": True, "init_seed": 0}
 
 
 def grid_method(cfg: dict) -> str | None:
@@ -29,7 +30,7 @@ def grid_method(cfg: dict) -> str | None:
 
 
 def grid_points(cfg: dict) -> list[dict]:
-    """Every grid point: {lr, rank, heads, every, modules_per_block, init_seed}, in list order."""
+    """Every grid point: {lr, rank, heads, every, modules_per_block, bias_correction, init_seed}, in list order."""
     grid = cfg["last_grid"]
     method = cfg["methods"][grid_method(cfg)]
     base = {**METHOD_DEFAULTS, **{k: v for k, v in method.items() if k in GRID_KEYS.values()}}
@@ -39,9 +40,9 @@ def grid_points(cfg: dict) -> list[dict]:
 
 
 def point_label(point: dict) -> str:
-    """Short name of a grid point, e.g. `lr=0.003,rank=16,heads=4,g=1,T=1,seed=0`."""
+    """Short name of a grid point, e.g. `lr=0.003,rank=16,heads=4,g=2,T=2,bc=1,seed=0`."""
     return (f"lr={point['lr']:g},rank={point['rank']},heads={point['heads']},g={point['every']},"
-            f"T={point['modules_per_block']},seed={point['init_seed']}")
+            f"T={point['modules_per_block']},bc={int(point['bias_correction'])},seed={point['init_seed']}")
 
 
 def point_variant(point: dict) -> str:
@@ -66,6 +67,9 @@ def check_last_grid_config(cfg: dict) -> None:
     kind = cfg["methods"][name]["kind"]
     if not kind_of(kind).side:
         raise ConfigError(f"config key 'last_grid.method': method '{name}' is of kind '{kind}', not 'last'")
+    if cfg["methods"][name].get("ffn_hidden", 0):
+        raise ConfigError(f"config key 'last_grid.method': method '{name}' has an FFN (ffn_hidden); the grid's "
+                          f"vectorized low-rank forward covers the paper's LSA without FFN only")
     points = grid_points(cfg)
     for p in points:
         if p["rank"] % p["heads"]:

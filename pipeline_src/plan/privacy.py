@@ -37,6 +37,59 @@ def privacy_methods(cfg: dict) -> list[str]:
     return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).private]
 
 
+PROTOCOLS = ("ours", "paper")
+DP_SETTINGS = ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")
+
+
+def privacy_jobs(cfg: dict) -> list[tuple[str, str, str]]:
+    """(protocol, method, regime) of every DP job family: `privacy.protocol` for every method x
+    regime, plus the paper protocol for `privacy.paper.methods` x `privacy.paper.regimes`."""
+    p = cfg["privacy"]
+    jobs = [(p["protocol"], m, r) for m in privacy_methods(cfg) for r in p["regimes"]]
+    jobs += [("paper", m, r) for m in p["paper"]["methods"] for r in p["paper"]["regimes"]]
+    return list(dict.fromkeys(jobs))
+
+
+def dp_settings(cfg: dict, protocol: str) -> dict:
+    """The DP training settings of a protocol (recorded with each model, part of its signature).
+
+    ours: Poisson DP-SGD with `privacy.{epochs,batch_size,lr}`. paper (TAFT paper, App. A):
+    full-batch DP-GD (q = 1, one noisy step per epoch) for `privacy.paper.epochs` at
+    `privacy.paper.lr` (or `privacy.lr`), no decay; `batch_size` is the micro-batch size.
+    """
+    p = cfg["privacy"]
+    out = {k: p[k] for k in DP_SETTINGS}
+    if protocol == "paper":
+        paper = p["paper"]
+        out.update(epochs=paper["epochs"], lr=p["lr"] if paper["lr"] is None else paper["lr"], full_batch=True)
+    elif protocol != "ours":
+        raise ValueError(f"unknown DP protocol {protocol!r}; choose one of {PROTOCOLS}")
+    return {**out, "protocol": protocol}
+
+
+def dp_method_config(method_cfg: dict, protocol: str, jvp_only: bool | None) -> dict:
+    """The method config a DP job trains and records. ours: `privacy.jvp_only` overrides a
+    tangent method's own unless None. paper (TAFT App. A: "the standard cross entropy loss",
+    "we predict only using the JVP output"): a tangent method predicts from J·Δw only, with
+    cross-entropy; other kinds train with cross-entropy already.
+
+    Args:
+        method_cfg: the method's entry in `methods:`.
+        protocol: ours | paper.
+        jvp_only: `privacy.jvp_only`.
+    """
+    cfg = dict(method_cfg)
+    if not kind_of(cfg).tangent:
+        return cfg
+    if protocol == "paper":
+        for key in ("alpha", "kappa"):  # RSL-only options
+            cfg.pop(key, None)
+        return {**cfg, "jvp_only": True, "loss": "ce"}
+    if jvp_only is not None:
+        cfg["jvp_only"] = bool(jvp_only)
+    return cfg
+
+
 def shard_sizes(cfg: dict, shards: int) -> list[int]:
     """The distinct sizes of the `shards`-way split's shards over every seed of the study
     (`pipeline_src.plan.sharding`: keyed-hash shards, balanced in expectation only)."""
@@ -68,6 +121,14 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
         kind = cfg["methods"][name]["kind"]
         if not kind_of(kind).private:
             raise _error(f"privacy.methods[{i}]", f"'{name}' has kind '{kind}'; DP training supports kinds {DP_KINDS}")
+    for i, name in enumerate(p["paper"]["methods"]):
+        if name not in privacy_methods(cfg):
+            raise _error(f"privacy.paper.methods[{i}]", f"'{name}' is not a method of the privacy study "
+                         f"({privacy_methods(cfg)})")
+    paper_used = p["protocol"] == "paper" or bool(p["paper"]["methods"])
+    if paper_used and p["mode"] != "bk":
+        raise _error("privacy.mode", f"'{p['mode']}': the paper protocol (full-batch DP-GD, accumulated over "
+                     f"micro-batches) needs mode 'bk'")
     labels = [epsilon_label(e) for e in p["epsilons"]]
     if len(set(labels)) != len(labels):
         raise _error("privacy.epsilons", f"values {p['epsilons']} collide in paths as {labels}")
@@ -88,24 +149,29 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
             sizes[n] = shard_sizes(cfg, n)
         except ValueError as e:  # a shard left empty
             raise _error(f"privacy.shards[{j}]", str(e)) from None
-        if p["batch_size"] > sizes[n][0]:
+        if p["protocol"] == "ours" and p["batch_size"] > sizes[n][0]:
             raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({sizes[n][0]} samples "
                          f"for privacy.shards[{j}] = {n}): the Poisson sampling rate would exceed 1")
     key = {"privacy": p, "sizes": sizes, "opacus": package_version("opacus"),
            "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
-    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes) or "feasible")
+    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes, paper_used) or "feasible")
 
 
-def _check_budgets(p: dict, sizes: dict[int, list[int]]) -> None:
+def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> None:
     """Every (ε, shard size) must be reachable by some σ within the planned steps."""
     # Opacus directly, not pipeline_src.dp (whose import pulls in timm and the samplers): parse time matters.
     from opacus.accountants import create_accountant
 
-    # steps per epoch as pipeline_src.dp.budget.steps_per_epoch: ceil(n / batch_size), rate 1/that
-    plans = {(-(-s // p["batch_size"]), n) for n in p["shards"] for s in sizes[n]}
+    # (steps per epoch, epochs, N): ours as pipeline_src.dp.budget.steps_per_epoch, ceil(n / batch_size)
+    # at rate 1/that; the paper protocol one full-batch step per epoch (rate 1)
+    plans = set()
+    if p["protocol"] == "ours":
+        plans |= {(-(-s // p["batch_size"]), p["epochs"], n) for n in p["shards"] for s in sizes[n]}
+    if paper_used:
+        plans |= {(1, p["paper"]["epochs"], n) for n in p["shards"]}
     for i, eps in enumerate(p["epsilons"]):
-        for spe, n in sorted(plans):
-            steps = spe * p["epochs"]
+        for spe, epochs, n in sorted(plans):
+            steps = spe * epochs
             try:
                 acc = create_accountant(mechanism=p["accountant"])
                 acc.history = [(LARGEST_SIGMA_TRIED, 1.0 / spe, steps)]

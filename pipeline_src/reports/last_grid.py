@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline_src.reports.files import has_rows, save_png, save_table  # noqa: E402
 
-POINT = ["lr", "rank", "heads", "every", "modules_per_block", "init_seed"]
+POINT = ["lr", "rank", "heads", "every", "modules_per_block", "bias_correction", "init_seed"]
 
 ROWS_SQL = """
 SELECT method, shards AS N, {points},
@@ -32,8 +32,8 @@ GROUP BY ALL
 
 def grid_rows(con: duckdb.DuckDBPyConnection):
     """One row per method, N and grid point, best (val, then test) accuracy first."""
-    points = ", ".join(f"CAST(json_extract(variant, '$.{k}') AS {'DOUBLE' if k == 'lr' else 'BIGINT'}) AS {k}"
-                       for k in POINT)
+    types = {"lr": "DOUBLE", "bias_correction": "BOOLEAN"}
+    points = ", ".join(f"CAST(json_extract(variant, '$.{k}') AS {types.get(k, 'BIGINT')}) AS {k}" for k in POINT)
     df = con.sql(ROWS_SQL.format(points=points)).df()
     return df.sort_values(["val_accuracy", "test_accuracy"], ascending=False, na_position="last").reset_index(drop=True)
 
@@ -48,12 +48,12 @@ def last_grid(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     title = "LAST grid: side networks trained at once on the same features (best val accuracy first)"
     paths = save_table(df, out_dir, "last_grid", title, floatfmt=".4g")
     fig, ax = plt.subplots(figsize=(6.0, 4.5))
-    arch = ["method", "N", "rank", "heads", "every", "modules_per_block", "init_seed"]
+    arch = ["method", "N", "rank", "heads", "every", "modules_per_block", "bias_correction", "init_seed"]
     for key, part in df.groupby(arch):
         part = part.sort_values("lr")
-        method, n, rank, heads, g, t, seed = key
+        method, n, rank, heads, g, t, bc, seed = key
         ax.plot(part["lr"], part["test_accuracy"], marker="o",
-                label=f"{method} N={n} rank={rank} heads={heads} g={g} T={t} seed={seed}")
+                label=f"{method} N={n} rank={rank} heads={heads} g={g} T={t} bc={int(bc)} seed={seed}")
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
     ax.set_ylabel("test accuracy")

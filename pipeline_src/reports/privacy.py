@@ -3,7 +3,8 @@
 Layouts of Liu & Soatto et al. 2024, "Tangent Transformers for Composition, Privacy and
 Removal", Table 3 (DP fine-tuning):
   * privacy_table3: test accuracy of the DP model trained on the whole training split, rows
-    method × regime, columns the target ε (and the method's non-private model for reference);
+    method × regime × protocol (ours: Poisson DP-SGD; paper: the paper's App. A full-batch
+    DP-GD), columns the target ε (and the method's non-private model for reference);
   * privacy_composition: DP shard models for N > 1 — the mean single shard and the Δw sum
     (taft) or ensemble (other kinds) — rows method × regime × N × model, columns ε;
   * privacy_accuracy.png: accuracy vs ε, one line per method and regime.
@@ -28,6 +29,7 @@ REGIME_ORDER = {"full": 0, "bitfit": 1, "layernorm": 2, "fc": 3}
 
 ROWS_SQL = """
 SELECT method, json_extract_string(variant, '$.regime') AS regime,
+       coalesce(json_extract_string(variant, '$.protocol'), 'ours') AS protocol,
        CAST(json_extract(variant, '$.epsilon') AS DOUBLE) AS epsilon, shards AS N,
        CASE WHEN model = 'dp-shard' AND shards > 1 THEN 'shard (mean)' ELSE replace(model, 'dp-', '') END AS model,
        avg(value) AS accuracy, count(DISTINCT seed) AS seeds
@@ -62,25 +64,27 @@ def _wide(df, index: list[str]):
 
 
 def privacy_rows(con: duckdb.DuckDBPyConnection):
-    """The study's accuracy rows (method, regime, epsilon, N, model, accuracy, seeds) as a DataFrame."""
+    """The study's accuracy rows (method, regime, protocol, epsilon, N, model, accuracy, seeds) as a DataFrame."""
     return con.sql(ROWS_SQL).df()
 
 
 def privacy_table3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
-    """Table 3 layout: DP test accuracy, rows method × regime, columns ε (N = 1)."""
+    """Table 3 layout: DP test accuracy, rows method × regime × protocol, columns ε (N = 1)."""
     if not has_rows(con, "metrics", PRIVACY_ROWS):
         return []
     df = privacy_rows(con)
     df = df[(df.N == 1) & (df.model == "shard")]
     if df.empty:
         return []
-    wide = _wide(df, ["method", "regime"])
+    wide = _wide(df, ["method", "regime", "protocol"])
     ref = dict(con.sql(NONPRIVATE_SQL).fetchall())
     if ref:
         wide["non-private"] = [ref.get(m) for m in wide.method]
     return _save_table(wide, out_dir, "privacy_table3",
-                       "DP fine-tuning (Table 3 layout): test accuracy by method and regime (rows) and target ε "
-                       "(columns); non-private: the method's own training, all its parameters")
+                       "DP fine-tuning (Table 3 layout): test accuracy by method, regime and protocol (rows) and "
+                       "target ε (columns); protocol ours: Poisson DP-SGD, the method's loss; paper: TAFT App. A, "
+                       "full-batch DP-GD, cross-entropy, taft from J·Δw only; non-private: the method's own "
+                       "training, all its parameters")
 
 
 def privacy_composition(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
@@ -91,7 +95,7 @@ def privacy_composition(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[P
     df = df[df.N > 1]
     if df.empty:
         return []
-    wide = _wide(df, ["method", "regime", "N", "model"])
+    wide = _wide(df, ["method", "regime", "protocol", "N", "model"])
     return _save_table(wide, out_dir, "privacy_composition",
                        "DP shard models: test accuracy of the mean shard and of their composition "
                        "(taft: Δw sum, others: ensemble), each (max ε, δ)-DP by parallel composition")
@@ -108,9 +112,12 @@ def privacy_plot(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     styles = ["-", "--", "-.", ":"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {m: f"C{i}" for i, m in enumerate(sorted(df.method.unique()))}
-    for (method, regime), g in sorted(df.groupby(["method", "regime"]), key=lambda kv: (kv[0][0], REGIME_ORDER.get(kv[0][1], 9))):
-        ax.plot(g.epsilon, g.accuracy, marker="o", color=colors[method],
-                ls=styles[REGIME_ORDER.get(regime, 0) % len(styles)], label=f"{method} {regime}")
+    groups = sorted(df.groupby(["method", "regime", "protocol"]),
+                    key=lambda kv: (kv[0][0], REGIME_ORDER.get(kv[0][1], 9), kv[0][2]))
+    for (method, regime, protocol), g in groups:
+        ax.plot(g.epsilon, g.accuracy, marker="o" if protocol == "ours" else "s", color=colors[method],
+                ls=styles[REGIME_ORDER.get(regime, 0) % len(styles)],
+                label=f"{method} {regime}" + ("" if protocol == "ours" else f" ({protocol})"))
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())  # label only the study's ε values
     ax.set_xticks(sorted(df.epsilon.unique()))

@@ -12,7 +12,7 @@ RULE_STEPS = {
     "fusion_train": "fusion.train", "fusion_match": "fusion.match", "fuse": "fusion.fuse",
     "train_private": "privacy.train", "compose_private": "privacy.compose", "evaluate_private": "privacy.evaluate",
     "forget_manifest": "forget.manifest", "unlearn_drop": "forget.drop", "unlearn_retrain": "forget.retrain",
-    "unlearn_paragon": "forget.paragon",
+    "unlearn_paragon": "forget.paragon", "unlearn_paragon_nonlinear": "forget.paragon",
 }
 VECTORIZED_RULE = "train_vectorized_"  # one rule per method and shard count: train_vectorized_{method}_n{N}
 

@@ -1,6 +1,8 @@
 """evaluate: accuracy and loss on the test split, one Parquet file per evaluated model.
 
 One input model is evaluated as itself; several are evaluated as their ensemble (mean logits).
+A single model also gets `weight_distance`, the L2 distance of its trained tensors from their
+starting values (TAFT Fig. 4; `methods/weight_distance.py`).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.loading import load_tuned_model
+from pipeline_src.methods.weight_distance import distance_from_start
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
@@ -34,6 +37,8 @@ def main(args: StepArgs) -> None:
                                           backbone_record["std"], device))
     logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
     values = classification_metrics(logits, test.labels)
+    if len(args.input.models) == 1:
+        values["weight_distance"] = distance_from_start(Path(args.input.backbone).parent, args.input.models[0])
     context = dict(
         experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
         kind=record["method_config"]["kind"], model=args.params["model"], shards=int(w["shards"]),

@@ -48,14 +48,15 @@ def main(args) -> None:
     blocks = kept_blocks(depth, sorted({p["every"] for p in points}))  # what any member reads
     ids, features, labels = job.samples_data(model, shard_ids(job.manifest, shard), blocks=blocks)
     members = [{**model.member, "rank": p["rank"], "heads": p["heads"], "every": p["every"],
-                "modules_per_block": p["modules_per_block"], "seed": p["init_seed"], "lr": p["lr"],
+                "modules_per_block": p["modules_per_block"], "bias_correction": p["bias_correction"],
+                "seed": p["init_seed"], "lr": p["lr"],
                 "weight_decay": job.settings["weight_decay"]} for p in points]
     backbone = model.backbone
     num_classes = backbone.num_classes
     feats = {f"z{b}": features[:, j] for j, b in enumerate(blocks)}
     states = train_side_grid(backbone, feats, labels, members, num_classes=num_classes,
                              epochs=job.settings["epochs"], batch_size=job.settings["batch_size"],
-                             seed=shard_seed(job.seed, shard))
+                             seed=shard_seed(job.seed, shard), schedule=job.settings.get("schedule"))
     print(f"trained {len(members)} side networks of {job.name} n{job.shards} shard {shard} on {len(ids)} samples "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []

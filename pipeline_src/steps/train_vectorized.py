@@ -25,7 +25,7 @@ def main(args: StepArgs) -> None:
     results = train_tangent_vectorized(
         model, [(f, y) for _, f, y in data], epochs=s["epochs"], batch_size=s["batch_size"], lr=s["lr"],
         weight_decay_l2=o["l2"], loss=o["loss"], alpha=o["alpha"], kappa=o["kappa"], radius=o["radius"],
-        seed=[shard_seed(job.seed, i) for i in range(job.shards)],
+        seed=[shard_seed(job.seed, i) for i in range(job.shards)], schedule=s.get("schedule"),
         progress=lambda e, losses: print(f"{job.name} n{job.shards}: epoch {e + 1} losses {losses}", flush=True))
     wall = (time.perf_counter() - t0) / job.shards
     for i, ((ids, _, _), res) in enumerate(zip(data, results)):

@@ -25,6 +25,7 @@ import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.data.vit_parts import FromPrefix
+from pipeline_src.plan.schedule import apply_schedule, lr_factor
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
 
 _BETAS = (0.9, 0.999)  # torch AdamW defaults
@@ -61,7 +62,7 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
 def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, *, epochs: int, batch_size: int,
                   lr: float, weight_decay_l2: float = 0.0, loss: str = "rsl", alpha: Optional[float] = None,
                   kappa: Optional[float] = None, radius: Optional[float] = None, seed: int = 0,
-                  progress: Optional[Callable[[int, float], None]] = None) -> dict:
+                  progress: Optional[Callable[[int, float], None]] = None, schedule: Optional[dict] = None) -> dict:
     """Train the Δ of `model` in place from cached prefix features.
 
     Args:
@@ -78,6 +79,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
         radius: project Δw onto the ball of this radius after each step.
         seed: seed of the torch.Generator that shuffles each epoch.
         progress: called as progress(epoch, mean_loss) after each epoch.
+        schedule: `train.schedule` (`plan/schedule.py`), per optimizer step; None: constant lr.
 
     Returns:
         {"delta_state_dict", "loss_history" (per-epoch sample-weighted mean), "steps", "epochs", "n_samples"}.
@@ -97,6 +99,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
             idx = perm[start:start + batch_size]
             h = features[idx].to(device=device, dtype=dtype)
             y = labels[idx].to(device)
+            apply_schedule(opt, lr, schedule, steps, -(-n // batch_size), epochs * -(-n // batch_size))
             total += tangent_step(model, opt, h, y, loss_fn, weight_decay_l2, radius) * len(idx)
             steps += 1
         history.append(total / n)
@@ -110,7 +113,8 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
                              batch_size: int, lr: float, weight_decay_l2: float = 0.0, loss: str = "rsl",
                              alpha: Optional[float] = None, kappa: Optional[float] = None,
                              radius: Optional[float] = None, seed: "int | Sequence[int]" = 0,
-                             progress: Optional[Callable[[int, list[float]], None]] = None) -> list[dict]:
+                             progress: Optional[Callable[[int, list[float]], None]] = None,
+                             schedule: Optional[dict] = None) -> list[dict]:
     """Train one Δ per shard, all shards in one vmapped computation; `model` is not modified.
 
     Each shard starts from the model's current Δ and gets the result of
@@ -119,7 +123,8 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
     Args:
         model: a TangentViT (the shared linearization point and initial Δ).
         shards: (features (n_i, N, D), labels (n_i,)) per shard; n_i may differ.
-        epochs, batch_size, lr, weight_decay_l2, loss, alpha, kappa, radius: as in `train_tangent`.
+        epochs, batch_size, lr, weight_decay_l2, loss, alpha, kappa, radius, schedule: as in `train_tangent`
+            (each shard's schedule follows its own steps).
         seed: one shuffling seed for all shards, or one per shard.
         progress: called as progress(epoch, per-shard mean losses) after each epoch.
 
@@ -163,7 +168,11 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
             active = counts > 0  # (S,)
             grads, losses = grad_fn(params, h, y, mask)
             step_count += active.to(device)
-            _adamw_masked_(params, grads, exp_avg, exp_avg_sq, step_count, active.to(device), lr)
+            lrs = lr if not schedule or schedule.get("name") == "constant" else torch.tensor(  # per shard, at its own step
+                [lr * lr_factor(schedule, k - 1, spe, spe * epochs) for k, spe in zip(step_count.tolist(),
+                                                                                    steps_per_epoch)],
+                dtype=torch.float64, device=device)
+            _adamw_masked_(params, grads, exp_avg, exp_avg_sq, step_count, active.to(device), lrs)
             if radius is not None:
                 _project_stacked_(params, radius, active.to(device))
             totals += losses.detach().double().cpu() * counts

@@ -41,11 +41,24 @@ def test_grid_is_the_product_over_the_base_method():
     cfg = validate_config(with_grid(lrs=[0.01, 0.1], ranks=[4, 8], init_seeds=[0, 1]), count_samples=False)
     points = grid_points(cfg)
     assert len(points) == 8 and len({point_label(p) for p in points}) == 8
-    assert {p["heads"] for p in points} == {2} and {p["every"] for p in points} == {1}  # the base method's values
+    assert {p["heads"] for p in points} == {2} and {p["every"] for p in points} == {2}  # the base method's values
+    assert {p["modules_per_block"] for p in points} == {2} and {p["bias_correction"] for p in points} == {True}
     assert validate_config(TINY, count_samples=False)["last_grid"]["shards"] == [1]
     off = copy.deepcopy(TINY)
     off.pop("last_grid")
     assert validate_config(off, count_samples=False)["last_grid"]["enabled"] is False  # off by default
+
+
+def test_bias_correction_is_an_axis_and_an_ffn_base_is_refused():
+    cfg = validate_config(with_grid(lrs=[0.01, 0.1], bias_corrections=[True, False]), count_samples=False)
+    points = grid_points(cfg)
+    assert sorted((p["lr"], p["bias_correction"]) for p in points) == [(0.01, False), (0.01, True), (0.1, False),
+                                                                        (0.1, True)]
+    assert {point_label(p).split(",bc=")[1][0] for p in points} == {"0", "1"}
+    ffn = with_grid()
+    ffn["methods"]["last"] = {**ffn["methods"]["last"], "ffn_hidden": 4}
+    with pytest.raises(ConfigError, match="config key 'last_grid.method'.*FFN"):
+        validate_config(ffn, count_samples=False)
 
 
 BASE_EVAL = "results/metrics/evaluate/last/n1_s0/shard0.parquet"

@@ -1,5 +1,6 @@
 """A real Snakemake run of a tiny privacy study: DP models of nlft, taft and last in two
-regimes at two ε (Table 3 rows), then DP taft shards composed by their Δw sum."""
+regimes at two ε (Table 3 rows), taft-1 also under the paper's protocol (full-batch DP-GD),
+then DP taft shards composed by their Δw sum."""
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ from tests.conftest import REPO, snakemake
 
 pytestmark = pytest.mark.e2e
 METHODS, REGIMES, EPSILONS = ["nlft-1", "taft-1", "last"], ["full", "fc"], [1, 8]
+PAPER = {"methods": ["taft-1"], "regimes": ["fc"], "epochs": 3}  # the paper protocol beside ours
 
 
 
@@ -42,7 +44,7 @@ def write_config(workdir: Path, **privacy) -> None:
 def study(tmp_path_factory) -> Path:
     """N = 1 for every method, regime and ε; then taft at N = 2 in one regime and ε."""
     workdir = tmp_path_factory.mktemp("privacy")
-    write_config(workdir, methods=METHODS, regimes=REGIMES, epsilons=EPSILONS, shards=[1])
+    write_config(workdir, methods=METHODS, regimes=REGIMES, epsilons=EPSILONS, shards=[1], paper=PAPER)
     snakemake(workdir, "--cores", "2", "privacy")
     write_config(workdir, methods=["taft-1"], regimes=["fc"], epsilons=[8], shards=[2])
     snakemake(workdir, "--cores", "2", "privacy")
@@ -57,8 +59,9 @@ def test_table3_has_a_row_per_method_and_regime_and_a_column_per_epsilon(study):
     assert {p.name for p in paths} >= {"privacy_table3.md", "privacy_table3.csv", "privacy_composition.csv",
                                        "privacy_accuracy.png"}
     table = duckdb.read_csv(str(out / "privacy_table3.csv")).df()
-    assert list(table.columns) == ["method", "regime", "ε=1", "ε=8"]
-    assert sorted(zip(table.method, table.regime)) == sorted((m, r) for m in METHODS for r in REGIMES)
+    assert list(table.columns) == ["method", "regime", "protocol", "ε=1", "ε=8"]
+    assert sorted(zip(table.method, table.regime, table.protocol)) == sorted(
+        [(m, r, "ours") for m in METHODS for r in REGIMES] + [("taft-1", "fc", "paper")])
     values = table[["ε=1", "ε=8"]].to_numpy()
     assert ((values >= 0) & (values <= 1)).all()
     assert (out / "privacy_accuracy.png").stat().st_size > 1000
@@ -66,11 +69,12 @@ def test_table3_has_a_row_per_method_and_regime_and_a_column_per_epsilon(study):
 
 def test_recorded_epsilon_equals_opacus_accountant(study):
     records = sorted((study / "results" / "private").rglob("shard*.json"))
-    assert len(records) == len(METHODS) * len(REGIMES) * len(EPSILONS) + 2
-    metrics = duckdb.sql(f"""SELECT method, json_extract_string(variant, '$.regime') AS regime, shards, shard_id,
+    assert len(records) == len(METHODS) * len(REGIMES) * len(EPSILONS) + len(EPSILONS) + 2
+    metrics = duckdb.sql(f"""SELECT json_extract_string(variant, '$.protocol') AS protocol, method,
+        json_extract_string(variant, '$.regime') AS regime, shards, shard_id,
         CAST(json_extract(variant, '$.epsilon') AS DOUBLE) AS target, value FROM
         read_parquet('{study}/results/metrics/private/**/shard*.parquet') WHERE metric = 'epsilon'""").fetchall()
-    reported = {(m, r, n, s, t): v for m, r, n, s, t, v in metrics}
+    reported = {(pr, m, r, n, s, t): v for pr, m, r, n, s, t, v in metrics}
     for path in records:
         rec = json.loads(path.read_text())
         p = rec["privacy"]
@@ -80,25 +84,30 @@ def test_recorded_epsilon_equals_opacus_accountant(study):
         eps = acc.get_epsilon(delta=p["delta"])
         assert p["epsilon_spent"] == pytest.approx(eps, rel=1e-9), path
         assert p["epsilon"] - 0.02 < eps <= p["epsilon"], path
-        assert p["steps_taken"] == p["steps"] and p["sample_rate"] == 1 / -(-rec["num_samples"] // 64)
+        protocol = rec["dp_settings"]["protocol"]
+        if protocol == "paper":  # TAFT App. A: one full-batch step per epoch, CE, J·Δw only
+            assert p["sample_rate"] == 1.0 and p["steps_taken"] == p["steps"] == PAPER["epochs"]
+            assert rec["method_config"]["loss"] == "ce" and rec["method_config"]["jvp_only"] is True
+        else:
+            assert p["steps_taken"] == p["steps"] and p["sample_rate"] == 1 / -(-rec["num_samples"] // 64)
         assert p["max_grad_norm"] == 1.0 and p["accountant"] == "rdp" and len(rec["commit"]) >= 7
         assert "sample_ids" not in rec and rec["num_samples"] == p["n_samples"]
         assert p["neighbouring"].startswith("add/remove") and "seed" not in p
-        key = (rec["method"], rec["regime"], rec["shards"], rec["shard_id"], p["epsilon"])
+        key = (protocol, rec["method"], rec["regime"], rec["shards"], rec["shard_id"], p["epsilon"])
         assert reported[key] == pytest.approx(p["epsilon_spent"], rel=1e-12)
 
 
 def test_regimes_train_only_their_parameters(study):
     for method in METHODS:
-        rec = json.loads((study / f"results/private/{method}/fc/eps8/n1_s0/shard0.json").read_text())
+        rec = json.loads((study / f"results/private/ours/{method}/fc/eps8/n1_s0/shard0.json").read_text())
         head = {"nlft-1": "model.head.", "taft-1": "head.delta.", "last": "side.head."}[method]
         assert sorted(rec["trained_parameters"]) == [head + "bias", head + "weight"]
-        full = json.loads((study / f"results/private/{method}/full/eps8/n1_s0/shard0.json").read_text())
+        full = json.loads((study / f"results/private/ours/{method}/full/eps8/n1_s0/shard0.json").read_text())
         assert len(full["trained_parameters"]) > 4
 
 
 def test_dp_taft_shards_compose_to_their_ensemble(study):
-    base = study / "results" / "private" / "taft-1" / "fc" / "eps8" / "n2_s0"
+    base = study / "results" / "private" / "ours" / "taft-1" / "fc" / "eps8" / "n2_s0"
     soup = json.loads((base / "soup.json").read_text())
     shards = [json.loads((base / f"shard{i}.json").read_text()) for i in range(2)]
     members = [set(load_members(study / "results", s["membership_ref"])) for s in shards]
@@ -116,7 +125,7 @@ def test_dp_taft_shards_compose_to_their_ensemble(study):
                   for n in ("shard0", "shard1", "soup")]
     torch.testing.assert_close(logits[2], (logits[0] + logits[1]) / 2, rtol=1e-5, atol=1e-6)  # Δ stored in float32
     rows = dict(duckdb.sql(f"""SELECT model || '/' || metric, value FROM
-        read_parquet('{study}/results/metrics/private/taft-1/fc/eps8/n2_s0/*.parquet')""").fetchall())
+        read_parquet('{study}/results/metrics/private/ours/taft-1/fc/eps8/n2_s0/*.parquet')""").fetchall())
     assert set(rows) >= {"dp-soup/accuracy", "dp-soup/epsilon", "dp-shard/accuracy"}
 
 
@@ -137,7 +146,7 @@ def test_no_file_written_for_a_dp_model_names_a_member(study, tmp_path):
     (which also carries its label) appears in any of them."""
     members = _all_member_ids(study)
     assert len(members) > 100
-    export_model(study / "results/private/taft-1/fc/eps8/n2_s0/soup.safetensors", tmp_path / "export")
+    export_model(study / "results/private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors", tmp_path / "export")
     files = [f for root in ("results/private", "results/metrics/private", "results/logs/train_private",
                             "results/logs/compose_private", "results/logs/evaluate_private")
              for f in (study / root).rglob("*") if f.is_file()]
@@ -150,7 +159,7 @@ def test_no_file_written_for_a_dp_model_names_a_member(study, tmp_path):
 
 
 def test_audit_resolves_dp_members_from_the_private_store(study, tmp_path, monkeypatch):
-    soup = study / "results/private/taft-1/fc/eps8/n2_s0/soup.safetensors"
+    soup = study / "results/private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors"
     member = sorted(load_members(study / "results", json.loads((soup.parent / "shard1.json").read_text())
                                  ["membership_ref"]))[0]
     monkeypatch.chdir(tmp_path)  # paths resolve inside the model's own results tree, not the cwd
@@ -161,7 +170,7 @@ def test_audit_resolves_dp_members_from_the_private_store(study, tmp_path, monke
 
 
 def test_exported_dp_model_loads_in_a_fresh_process_with_the_same_logits(study, tmp_path):
-    soup = study / "results/private/taft-1/fc/eps8/n2_s0/soup.safetensors"
+    soup = study / "results/private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors"
     dest = export_model(soup, tmp_path / "shared" / "taft-dp")
     record = json.loads((dest / "model.json").read_text())
     assert {"epsilon", "delta", "sigma", "max_grad_norm", "sample_rate", "steps", "accountant"} <= set(

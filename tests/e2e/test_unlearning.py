@@ -59,6 +59,15 @@ def test_study_writes_every_strategy(study):
     assert set(acc(drop).model) == {"subtract", "sisa-drop"} and len(acc(drop)) == 2 * 2  # r = 0 and r = 1
     assert set(acc(retrain).model) == {"retrain-shard", "sisa-retrain"} and len(acc(retrain)) == 2 * 3
     assert set(acc(paragon).model) == {"paragon"} and len(acc(paragon)) == 2 * 2
+    # TAFT App. C.3's paragon: the non-linear model (nlft-1) retrained, for the tangent method only
+    nonlinear = acc(_metrics(study, "unlearn_paragon_nonlinear"))
+    assert set(nonlinear.model) == {"paragon-nonlinear"} and set(nonlinear.method) == {"taft-1"} and len(nonlinear) == 2
+    for path in sorted((study / "results/unlearn_paragon_nonlinear/taft-1/s0").glob("*.safetensors")):
+        _, rec = load_model(path)
+        _, same = load_model(study / "results/unlearn_paragon/taft-1/s0" / path.name)
+        assert rec["method"] == "nlft-1" and rec["method_config"] == {"kind": "nlft", "k": 1}
+        assert rec["paragon_of"] == "taft-1" and rec["forgotten_ids"] == same["forgotten_ids"]
+        assert rec["sample_ids"] == same["sample_ids"] and audit_model(path, rec["forgotten_ids"]).clean
     assert all(0 <= v <= 1 for v in acc(drop).value.tolist() + acc(retrain).value.tolist())
     # nothing removed: the subtract row is the accuracy of the DAG's Δw composition
     model, _, backbone_record = load_tuned_model(study / "results/pretrain", study / "results/compose/taft-1/n3_s0/soup.safetensors")
@@ -121,8 +130,15 @@ def test_reports_draw_both_figures(study, tmp_path):
     paths = [p for fn in REPORTS.values() for p in fn(con, tmp_path)]
     names = {p.name for p in paths}
     assert {"unlearning_drop.png", "unlearning_retrain.png", "unlearning_retrain.csv"} <= names
-    table = (tmp_path / "unlearning_retrain.csv").read_text()
-    assert "paragon" in table and "retrain-shard" in table
+    table = duckdb.read_csv(str(tmp_path / "unlearning_retrain.csv")).df()
+    assert {"paragon", "paragon-nonlinear", "retrain-shard"} <= set(table.strategy)
+    # the speed-up against each paragon is that paragon's time over the strategy's
+    for _, row in table[table.strategy == "retrain-shard"].iterrows():
+        at = table[(table.method == row.method) & (table.fraction == row.fraction)].set_index("strategy")
+        own = at.loc["paragon", "unlearn_time_s"]
+        nl = at.loc["paragon-nonlinear", "unlearn_time_s"] if row.method == "taft-1" else own
+        assert row.speedup_vs_paragon == pytest.approx(own / row.unlearn_time_s)
+        assert row.speedup_vs_nonlinear_paragon == pytest.approx(nl / row.unlearn_time_s)
 
 
 def _request(study: Path, ids: list[str], name: str) -> Path:

@@ -57,6 +57,18 @@ def test_study_runs_to_a_report_with_every_model(study):
     assert len(ids) == len(set(ids)) > 0
 
 
+def test_weight_distance_rows_and_fig4_report(study):
+    """TAFT Fig. 4: every single model's distance from its start; the taft Δw sum is no farther
+    than its shards on average (triangle inequality, uniform weights), and the report tabulates it."""
+    con = duckdb.connect()
+    dist = dict(con.sql(f"""SELECT model, avg(value) FROM
+        read_parquet('{study}/results/metrics/evaluate/taft-1/n2_s0/*.parquet', union_by_name=true)
+        WHERE metric = 'weight_distance' GROUP BY model""").fetchall())
+    assert set(dist) == {"shard", "soup"} and 0 < dist["soup"] <= dist["shard"] + 1e-9
+    table = duckdb.read_csv(str(study / "results" / "report" / "fig4_weight_distance.csv")).df()
+    assert set(table.model) >= {"full-data", "shard-mean", "soup"} and (table.weight_distance > 0).all()
+
+
 def test_taft_composition_equals_the_ensemble_of_its_shards(study):
     # The tangent model is linear in Δw, so the composed model IS the ensemble: equal metrics.
     con = duckdb.connect()

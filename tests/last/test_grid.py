@@ -159,3 +159,14 @@ def test_grid_leaves_backbone_alone(data):
     train_side_grid(vit, feats, labels, MEMBERS[:2], num_classes=5, epochs=1, batch_size=8, seed=0)
     assert all(torch.equal(before[k], v) for k, v in vit.state_dict().items())
     assert all(p.grad is None for p in vit.parameters())
+
+
+def test_stacked_forward_refuses_an_ffn():
+    """An FFN (the LAST Table 6 ablation) adds a non-linear D-wide term: no low-rank stream form."""
+    vit = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2,
+                            num_heads=2).double()
+    net = SideNetwork(vit, rank=4, heads=2, every=1, modules_per_block=1, num_classes=5, ffn_hidden=3)
+    state = {k: v.unsqueeze(0) for k, v in net.state_dict().items()}
+    feats = extract_features(vit, torch.randn(2, 1, 16, 16, dtype=torch.float64), every=1)
+    with pytest.raises(ValueError, match="FFN"):
+        stacked_logits(net, state, feats)

@@ -131,3 +131,29 @@ def test_bad_options_raise():
         normalize_member({"rank": 8, "heads": 2, "rnak": 3})
     with pytest.raises(ValueError, match="missing required keys \\['heads'\\]"):
         normalize_member({"rank": 8})
+
+
+def test_ffn_ablation_matches_reference_and_zero_init_keeps_identity():
+    """LAST Table 6's ablation: an LSA module with a small FFN, y + fc2(GELU(fc1(LN(y)))) after the
+    attention residual y; with zero_init_up both B and fc2 start at 0, so the module is the identity."""
+    lsa = LowRankSelfAttention(32, 12, 3, ffn_hidden=8).double()
+    lsa.reset_parameters(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        lsa.fc1.bias.normal_(), lsa.fc2.bias.normal_(), lsa.ffn_norm.weight.normal_()
+    x = torch.randn(2, 17, 32, dtype=torch.float64)
+    plain = LowRankSelfAttention(32, 12, 3).double()
+    plain.load_state_dict({k: v for k, v in lsa.state_dict().items() if k in plain.state_dict()})
+    y = plain(x)  # the paper's LSA, same attention weights
+    ffn = lsa.fc2(F.gelu(lsa.fc1(F.layer_norm(y, (32,), lsa.ffn_norm.weight, lsa.ffn_norm.bias, eps=1e-6))))
+    torch.testing.assert_close(lsa(x), y + ffn, rtol=0, atol=1e-12)
+    assert ffn.abs().max() > 1e-3
+    vit = tiny_vit(depth=4)
+    x = torch.randn(3, 1, 16, 16, dtype=torch.float64)
+    side = SideNetwork(vit, rank=8, heads=2, every=2, modules_per_block=2, num_classes=5, zero_init_up=True,
+                       ffn_hidden=6, seed=3)
+    d = vit.embed_dim  # 2 blocks x T = 2 modules, each LN-free fc1 (d -> 6) and fc2 (6 -> d)
+    assert sum(p.numel() for n, p in side.named_parameters() if ".fc" in n) == 4 * (d * 6 + 6 + 6 * d + d)
+    feats = extract_features(vit, x, every=2)
+    torch.testing.assert_close(side.representation(feats), last_block_output(vit, x), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="ffn_hidden"):
+        LowRankSelfAttention(32, 12, 3, ffn_hidden=-1)

@@ -183,3 +183,18 @@ def test_bad_study_settings_name_their_key(study, key):
     cfg["forget"] = {"study": {"enabled": True, **study}}
     with pytest.raises(ConfigError, match=key):
         _validate(cfg)
+
+
+def test_nonlinear_paragon_is_the_nlft_counterpart_of_a_tangent_method():
+    """TAFT App. C.3: the paragon retrains the non-linear model (taft-k → nlft-k); an nlft-k of
+    `methods:` lends its own settings, else the counterpart uses the shared `train:` ones."""
+    from pipeline_src.plan.forget import nonlinear_paragon
+
+    cfg = {"methods": {"taft-1": {"kind": "taft", "k": 1, "lr": 0.01}, "taft-2": {"kind": "taft", "k": 2},
+                       "nlft-2": {"kind": "nlft", "k": 2, "lr": 0.003}, "nlft-1b": {"kind": "nlft", "k": 1},
+                       "last": {"kind": "last", "rank": 8, "heads": 2}}}
+    assert nonlinear_paragon(cfg, "taft-2") == ("nlft-2", {"kind": "nlft", "k": 2, "lr": 0.003})
+    assert nonlinear_paragon(cfg, "taft-1") == ("nlft-1b", {"kind": "nlft", "k": 1})
+    del cfg["methods"]["nlft-1b"]
+    assert nonlinear_paragon(cfg, "taft-1") == ("taft-1-nonlinear", {"kind": "nlft", "k": 1})
+    assert nonlinear_paragon(cfg, "nlft-2") is None and nonlinear_paragon(cfg, "last") is None

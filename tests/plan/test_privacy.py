@@ -102,3 +102,37 @@ def test_validate_config_runs_the_privacy_check():
     raw["privacy"] = {"enabled": True, "methods": ["fc"]}
     with pytest.raises(ConfigError, match=r"privacy.methods\[0\]"):
         validate_config(raw, count_samples=False)
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(paper={"methods": ["fc"]}), r"privacy.paper.methods\[0\]"),
+    (dict(paper={"methods": ["taft-1"]}, mode="fast"), "privacy.mode"),
+    (dict(protocol="paper", mode="hooks"), "privacy.mode"),
+])
+def test_paper_protocol_refusals_name_the_key(change, key):
+    cfg = tiny_config()
+    for k, v in change.items():
+        cfg["privacy"][k] = {**cfg["privacy"][k], **v} if isinstance(v, dict) else v
+    with pytest.raises(ConfigError, match=key):
+        check(cfg)
+
+
+def test_paper_protocol_jobs_settings_and_method_config():
+    from pipeline_src.plan.privacy import dp_method_config, dp_settings, privacy_jobs
+
+    cfg = tiny_config(regimes=["full", "bitfit"], paper={"methods": ["taft-1"], "regimes": ["fc", "full"]},
+                      batch_size=400)  # a micro-batch under the paper protocol: larger than a shard is fine
+    check(cfg)
+    jobs = privacy_jobs(cfg)
+    assert jobs[:6] == [("ours", m, r) for m in ("nlft-1", "taft-1", "last") for r in ("full", "bitfit")]
+    assert jobs[6:] == [("paper", "taft-1", "fc"), ("paper", "taft-1", "full")]
+    ours, paper = dp_settings(cfg, "ours"), dp_settings(cfg, "paper")
+    assert paper["epochs"] == 50 and paper["lr"] == ours["lr"] and paper["full_batch"] and "full_batch" not in ours
+    taft = {"kind": "taft", "k": 1, "loss": "rsl", "kappa": 10.0}
+    assert dp_method_config(taft, "paper", None) == {"kind": "taft", "k": 1, "loss": "ce", "jvp_only": True}
+    assert dp_method_config(taft, "ours", None) == taft and dp_method_config(taft, "ours", True)["jvp_only"] is True
+    assert dp_method_config({"kind": "nlft", "k": 1}, "paper", None) == {"kind": "nlft", "k": 1}
+    # a paper budget is planned over its own steps (q = 1, 50 steps): ε far below Poisson's reach fails
+    cfg["privacy"]["epsilons"] = [0.05]
+    with pytest.raises(ConfigError, match=r"privacy.epsilons\[0\].*50 steps at sampling rate 1"):
+        check(cfg)

@@ -78,9 +78,10 @@ def shard_manifests(shards, seed, shard=None):
     return [f"{base}/shard{i}.parquet" for i in range(int(shards))]
 
 
-def feature_inputs(method_name):
-    """{"features": the method's frozen-feature cache} when it trains from one, else {}."""
-    cache = feature_cache(config["methods"][method_name])
+def feature_inputs(method_name, method_cfg=None):
+    """{"features": the method's frozen-feature cache} when it trains from one, else {}
+    (`method_cfg`: settings that stand in for the method's, e.g. the non-linear paragon's)."""
+    cache = feature_cache(method_cfg or config["methods"][method_name])
     if config["features"]["cache"] and cache is not None:
         return {"features": f"{R}/features/{cache}/features.npy"}
     return {}
@@ -110,11 +111,14 @@ def signature_path(name):
 
 def signature_value(name):
     """The parse-time signature behind `signature_path(name)`: `upstream`, `train-<method>` or
-    `private-<method>`."""
+    `private-<protocol>-<method>`."""
     if name == "upstream":
         return upstream_signature()
     job, method = name.split("-", 1)
-    return signature_of(method) if job == "train" else private_signature_of(method)
+    if job == "train":
+        return signature_of(method)
+    protocol, method = method.split("-", 1)  # private-<protocol>-<method>
+    return private_signature_of(protocol, method)
 
 
 def upstream_signature():

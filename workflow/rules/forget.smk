@@ -7,7 +7,7 @@
 # affected shards' manifest jobs only, and Snakemake reruns those jobs and their dependants
 # (training, composition, evaluation, report) and nothing else.
 from pipeline_src.methods.kinds import kind_of
-from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, shard_members
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, nonlinear_paragon, shard_members
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -39,8 +39,8 @@ def _fraction_tag(f):
     return f"{f:g}"
 
 
-def _study_cache_input(w):
-    return feature_inputs(w.method)
+def _study_cache_input(w, method_cfg=None):
+    return feature_inputs(w.method, method_cfg)
 
 
 def unlearn_drop_inputs(w):
@@ -59,6 +59,20 @@ def unlearn_retrain_inputs(w):
 def unlearn_paragon_inputs(w):
     return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
             "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w)}
+
+
+def unlearn_paragon_nonlinear_inputs(w):
+    """As the paragon's, with the features of the non-linear model it trains (TAFT App. C.3)."""
+    _, method = nonlinear_paragon(config, w.method)
+    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
+            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w, method)}
+
+
+def nonlinear_paragon_signature(w):
+    name, method = nonlinear_paragon(config, w.method)
+    settings = {k: method.get(k, v) for k, v in config["train"].items()}
+    return json.dumps({"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]},
+                      sort_keys=True)
 
 
 rule unlearn_drop:
@@ -127,6 +141,31 @@ rule unlearn_paragon:
         "../scripts/step.py"
 
 
+rule unlearn_paragon_nonlinear:
+    input:
+        unpack(unlearn_paragon_nonlinear_inputs),
+    output:
+        metrics=f"{R}/metrics/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
+        model=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
+        record=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
+    params:
+        signature=nonlinear_paragon_signature,
+        nonlinear=True,
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    log:
+        f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
+    benchmark:
+        f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    threads: RES["train_threads"]
+    resources:
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
+        gpu=RES["gpu"],
+    script:
+        "../scripts/step.py"
+
+
 def unlearning_targets():
     """Every metrics file of the unlearning study (empty when it is off)."""
     if not STUDY["enabled"]:
@@ -137,6 +176,9 @@ def unlearning_targets():
         for s in SEEDS:
             for f in STUDY["forget_fractions"]:
                 out += [f"{R}/metrics/unlearn_paragon/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet" for j in requests]
+                if nonlinear_paragon(config, m) is not None:  # TAFT App. C.3: retrain the non-linear model
+                    out += [f"{R}/metrics/unlearn_paragon_nonlinear/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet"
+                            for j in requests]
             for n in STUDY["shards"]:
                 out.append(f"{R}/metrics/unlearn_drop/{m}/n{n}_s{s}.parquet")
                 for f in STUDY["forget_fractions"]:

@@ -1,31 +1,32 @@
-# The privacy study (TAFT paper §3.4, Table 3): DP-SGD per method x regime x epsilon x shard
-# count x shard x seed from the cached features, DP taft shards composed by their Δw sum,
-# every DP model evaluated. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
+# The privacy study (TAFT paper §3.4, Table 3): DP training per protocol x method x regime x
+# epsilon x shard count x shard x seed from the cached features, DP taft shards composed by their
+# Δw sum, every DP model evaluated. Protocol ours: Poisson DP-SGD; paper: the TAFT paper's
+# full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
 # so `report` (and `all`) build them; `snakemake privacy` builds them alone.
 from pipeline_src.methods.kinds import kind_of
-from pipeline_src.plan.privacy import epsilon_label, privacy_methods
+from pipeline_src.plan.privacy import PROTOCOLS, dp_method_config, dp_settings, epsilon_label, privacy_jobs
 
 PRIV = config["privacy"]
-PRIVATE = f"{R}/private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
-PRIVATE_METRICS = f"{R}/metrics/private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
+PRIVATE = f"{R}/private/{{protocol}}/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
+PRIVATE_METRICS = f"{R}/metrics/private/{{protocol}}/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
+PRIVATE_LOG = "{protocol}/{method}/{regime}/eps{eps}/n{shards}_s{seed}"
 
 
 wildcard_constraints:
     regime="full|bitfit|layernorm|fc",
+    protocol="|".join(PROTOCOLS),
     eps=r"[0-9][0-9.e+-]*",
     dp_model=r"shard\d+|soup|ensemble",
 
 
 def private_signature(w):
-    return private_signature_of(w.method)
+    return private_signature_of(w.protocol, w.method)
 
 
-def private_signature_of(method_name):
+def private_signature_of(protocol, method_name):
     """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
-    method = dict(config["methods"][method_name])
-    if kind_of(method).tangent and PRIV["jvp_only"] is not None:
-        method["jvp_only"] = PRIV["jvp_only"]
-    dp = {k: PRIV[k] for k in ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")}
+    method = dp_method_config(config["methods"][method_name], protocol, PRIV["jvp_only"])
+    dp = dp_settings(config, protocol)
     return json.dumps({"method": method, "dp": dp, "head_seed": config["seed"]}, sort_keys=True)
 
 
@@ -50,16 +51,15 @@ def private_evaluation_targets():
     """Every metrics file of the study: each DP shard model, and for N > 1 the Δw sum (taft)
     or the ensemble (other kinds) of the shards."""
     out = []
-    for m in privacy_methods(config):
+    for protocol, m, regime in privacy_jobs(config):
         composed = "soup" if kind_of(config["methods"][m]).tangent else "ensemble"
-        for regime in PRIV["regimes"]:
-            for eps in PRIV["epsilons"]:
-                for n in PRIV["shards"]:
-                    for s in SEEDS:
-                        base = f"{R}/metrics/private/{m}/{regime}/eps{epsilon_label(eps)}/n{n}_s{s}"
-                        out += [f"{base}/shard{i}.parquet" for i in range(n)]
-                        if n > 1:
-                            out.append(f"{base}/{composed}.parquet")
+        for eps in PRIV["epsilons"]:
+            for n in PRIV["shards"]:
+                for s in SEEDS:
+                    base = f"{R}/metrics/private/{protocol}/{m}/{regime}/eps{epsilon_label(eps)}/n{n}_s{s}"
+                    out += [f"{base}/shard{i}.parquet" for i in range(n)]
+                    if n > 1:
+                        out.append(f"{base}/{composed}.parquet")
     return out
 
 
@@ -74,16 +74,16 @@ rule privacy:
 
 rule train_private:
     input:
-        unpack(lambda w: shard_job_inputs(w, f"private-{w.method}")),
+        unpack(lambda w: shard_job_inputs(w, f"private-{w.protocol}-{w.method}")),
     output:
         model=f"{PRIVATE}/shard{{shard}}.safetensors",
         record=f"{PRIVATE}/shard{{shard}}.json",
     params:
         signature=private_signature,
     log:
-        f"{R}/logs/train_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
+        f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.log",
     benchmark:
-        f"{R}/logs/train_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+        f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.bench.tsv"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
@@ -99,9 +99,9 @@ rule compose_private:
         model=f"{PRIVATE}/soup.safetensors",
         record=f"{PRIVATE}/soup.json",
     log:
-        f"{R}/logs/compose_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/soup.log",
+        f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.log",
     benchmark:
-        f"{R}/logs/compose_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
+        f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.bench.tsv"
     script:
         "../scripts/step.py"
 
@@ -115,8 +115,8 @@ rule evaluate_private:
         model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
         shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
     log:
-        f"{R}/logs/evaluate_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/{{dp_model}}.log",
+        f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.log",
     benchmark:
-        f"{R}/logs/evaluate_private/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}/{{dp_model}}.bench.tsv"
+        f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.bench.tsv"
     script:
         "../scripts/step.py"

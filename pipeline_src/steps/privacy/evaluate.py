@@ -2,7 +2,7 @@
 taft method's DP shards, or the logit ensemble of another kind's DP shards), with its ε.
 
 Rows carry model `dp-shard`, `dp-soup` or `dp-ensemble`, the study settings as JSON in
-`variant` (regime, target ε, δ, accountant, mode, jvp_only), and besides `accuracy` and
+`variant` (protocol, regime, target ε, δ, accountant, mode, jvp_only), and besides `accuracy` and
 `loss` the metrics `epsilon` (ε spent, from the accountant; the worst shard's for a
 composition of disjoint shards) and `sigma` (noise multiplier; shard models only).
 """
@@ -29,7 +29,7 @@ from pipeline_src.store.metrics import metric_rows, write_metrics
 def variant(record: dict) -> str:
     """The row's study settings as canonical JSON."""
     s, m = record["dp_settings"], record["method_config"]
-    return json.dumps({"study": "privacy", "regime": record["regime"], "epsilon": record["privacy"]["epsilon"],
+    return json.dumps({"study": "privacy", "protocol": s.get("protocol", "ours"), "regime": record["regime"], "epsilon": record["privacy"]["epsilon"],
                        "delta": s["delta"], "accountant": s["accountant"], "mode": s["mode"],
                        "max_grad_norm": s["max_grad_norm"], "train_head": s.get("train_head"), "jvp_only": m.get("jvp_only") if kind_of(m).tangent else None},
                       sort_keys=True)
@@ -71,5 +71,5 @@ def main(args: StepArgs) -> None:
     )
     write_metrics(metric_rows(values, context=context, device=device, wall_time_s=time.perf_counter() - t0),
                   args.output.metrics)
-    print(f"{w['method']} {w['regime']} eps {w['eps']} n{w['shards']} {args.params['model']}: "
+    print(f"{w['protocol']} {w['method']} {w['regime']} eps {w['eps']} n{w['shards']} {args.params['model']}: "
           + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))

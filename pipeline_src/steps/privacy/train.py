@@ -1,9 +1,10 @@
-"""train_private: DP-SGD of one method's tuned model in one regime, for one target ε, on one
-shard (or, for N = 1, the whole training split), from the cached prefix features.
+"""train_private: DP training of one method's tuned model in one regime, for one target ε, on
+one shard (or, for N = 1, the whole training split), from the cached prefix features.
 
-DP-SGD with Poisson sampling (Abadi et al. 2016) through Opacus, as the DP study of
-Liu & Soatto et al. 2024 ("Tangent Transformers for Composition, Privacy and Removal",
-§3.4, Table 3); see `pipeline_src/dp/`. The whole tuned state is saved (the parts the regime
+Protocol `ours`: DP-SGD with Poisson sampling (Abadi et al. 2016) through Opacus, as the DP
+study of Liu & Soatto et al. 2024 ("Tangent Transformers for Composition, Privacy and Removal",
+§3.4, Table 3); protocol `paper`: that paper's App. A, full-batch DP-GD with cross-entropy and,
+for taft, J·Δw-only prediction (`dp/full_batch.py`); see `pipeline_src/dp/`. The whole tuned state is saved (the parts the regime
 froze keep their public initial values), so evaluation and composition load it as any model.
 The noise and sampling are secret (`dp.secret_randomness`); the record names no member: the
 shard's ids go to the private provenance store (`private_provenance`), referenced by a keyed ref.
@@ -20,11 +21,12 @@ from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.dp import InfeasibleBudget, train_private
+from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
-from pipeline_src.methods.private import per_example_loss, private_method_config, select_trainable
+from pipeline_src.methods.private import per_example_loss, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.methods.training import batched_apply
-from pipeline_src.plan.privacy import epsilon_label
+from pipeline_src.plan.privacy import dp_method_config, dp_settings, epsilon_label
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
@@ -32,8 +34,6 @@ from pipeline_src.steps.features import load_rows
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.private_provenance import results_root_of, store_members
 from pipeline_src.store.provenance import state_digest
-
-DP_SETTINGS = ("delta", "max_grad_norm", "epochs", "batch_size", "lr", "accountant", "mode", "train_head")
 
 
 def target_epsilon(cfg: dict, label: str) -> float:
@@ -45,19 +45,13 @@ def target_epsilon(cfg: dict, label: str) -> float:
                      f"{cfg['privacy']['epsilons']}")
 
 
-def dp_settings(cfg: dict) -> dict:
-    """The DP-SGD settings shared by every job of the study (recorded with each model)."""
-    p = cfg["privacy"]
-    return {k: p[k] for k in DP_SETTINGS}
-
-
 def main(args: StepArgs) -> None:
     cfg, w = args.config, args.wildcards
     name, regime = w["method"], w["regime"]
     shards, shard, seed = int(w["shards"]), int(w["shard"]), int(w["seed"])
     epsilon = target_epsilon(cfg, w["eps"])
-    settings = dp_settings(cfg)
-    method_cfg = private_method_config(cfg["methods"][name], cfg["privacy"]["jvp_only"])
+    settings = dp_settings(cfg, w["protocol"])
+    method_cfg = dp_method_config(cfg["methods"][name], w["protocol"], cfg["privacy"]["jvp_only"])
     set_up_job(args.threads, seed)
     device = resolve_device(cfg["device"])
 
@@ -77,18 +71,24 @@ def main(args: StepArgs) -> None:
         features = batched_apply(model.prefix, x)
     method_flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trained = select_trainable(model, method_cfg["kind"], regime, cfg["privacy"]["train_head"])
-    desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard}"
-    steps_per_epoch = -(-len(ids) // settings["batch_size"])
+    desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard} ({w['protocol']} protocol)"
+    full_batch = settings.get("full_batch", False)
+    steps_per_epoch = 1 if full_batch else -(-len(ids) // settings["batch_size"])
 
     def progress(s: dict) -> None:
         if s["step"] % steps_per_epoch == 0:
             print(f"{desc}: epoch {s['epoch'] + 1} step {s['step']} batch loss {s['loss']:.4f}", flush=True)
 
+    common = dict(loss_fn=per_example_loss(method_cfg), epochs=settings["epochs"], lr=settings["lr"],
+                  epsilon=epsilon, delta=settings["delta"], max_grad_norm=settings["max_grad_norm"],
+                  mode=settings["mode"], accountant=settings["accountant"], progress=progress)
     try:
-        _, privacy = train_private(
-            FromPrefix(model), features, data.labels.to(device), loss_fn=per_example_loss(method_cfg),
-            epochs=settings["epochs"], batch_size=settings["batch_size"], lr=settings["lr"], epsilon=epsilon,
-            delta=settings["delta"], max_grad_norm=settings["max_grad_norm"], mode=settings["mode"], accountant=settings["accountant"], progress=progress)
+        if full_batch:
+            _, privacy = train_private_full_batch(FromPrefix(model), features, data.labels.to(device),
+                                                  micro_batch_size=settings["batch_size"], **common)
+        else:
+            _, privacy = train_private(FromPrefix(model), features, data.labels.to(device),
+                                       batch_size=settings["batch_size"], **common)
     except InfeasibleBudget as e:
         raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, shard of {len(ids)} samples): "
                                f"{e}") from e
