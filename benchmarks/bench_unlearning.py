@@ -28,11 +28,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipeline_src.data.images import load_images, to_model_input  # noqa: E402
 from pipeline_src.methods.registry import build_tuned_model, get_method  # noqa: E402
 from pipeline_src.methods.training import batched_apply  # noqa: E402
 from pipeline_src.plan.config import validate_config  # noqa: E402
 from pipeline_src.plan.forget import random_request, samples_table, train_ids  # noqa: E402
-from pipeline_src.plan.samples import list_samples, load_images, to_model_input  # noqa: E402
+from pipeline_src.plan.samples import list_samples  # noqa: E402
 from pipeline_src.plan.sharding import shard_ids, shard_manifest  # noqa: E402
 from pipeline_src.steps.train import train_settings  # noqa: E402
 from pipeline_src.store.benchmark_rows import benchmark_row, time_median, write_benchmark_rows  # noqa: E402
