@@ -9,7 +9,6 @@ DP-NLFT trains inside the last k blocks, final norm and head; DP-LAST inside the
 """
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
 import torch
@@ -19,20 +18,6 @@ from pipeline_src.dp.private_training import per_example_cross_entropy
 from pipeline_src.dp.regimes import apply_regime, nlft_scope
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def private_method_config(method_cfg: dict, jvp_only: bool | None) -> dict:
-    """The method config DP trains (and records, so evaluation rebuilds the same model):
-    for taft, `jvp_only` overrides the method's own setting unless it is None.
-
-    Args:
-        method_cfg: the method's entry in `methods:`.
-        jvp_only: `privacy.jvp_only`.
-    """
-    cfg = copy.deepcopy(method_cfg)
-    if cfg["kind"] == "taft" and jvp_only is not None:
-        cfg["jvp_only"] = bool(jvp_only)
-    return cfg
 
 
 def regime_scope(model: nn.Module, kind: str) -> tuple[list[nn.Module], nn.Module]:
@@ -64,7 +49,7 @@ def per_example_loss(method_cfg: dict) -> LossFn:
     not apply under DP (a data-independent penalty would be allowed, but is not part of the study).
 
     Args:
-        method_cfg: the method config (after `private_method_config`).
+        method_cfg: the method config (after `plan.privacy.dp_method_config`).
     """
     if method_cfg["kind"] != "taft":
         return per_example_cross_entropy
