@@ -7,7 +7,8 @@ from tests.conftest import tiny_vit
 
 def test_side_tuned_trains_only_the_side_network_from_cached_block_features():
     backbone = tiny_vit()
-    model = build_tuned_model(backbone, {"kind": "last", "rank": 8, "heads": 2}, num_classes=3, seed=0)
+    model = build_tuned_model(backbone, {"kind": "last", "rank": 8, "heads": 2, "every": 1},
+                              num_classes=3, seed=0)
     x = torch.randn(12, 1, 16, 16, dtype=torch.float64)
     h = model.prefix(x)
     assert h.shape == (12, 3, 17, 32) and h.grad_fn is None
