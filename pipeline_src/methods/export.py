@@ -62,6 +62,8 @@ def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | P
     from pipeline_src.store.provenance import state_digest
 
     model_path, dest = Path(model_path), Path(dest)
+    if not model_path.is_file() or not model_path.with_suffix(".json").is_file():
+        raise FileNotFoundError(f"export: no model {model_path} with its record {model_path.with_suffix('.json').name}")
     record = json.loads(model_path.with_suffix(".json").read_text())
     backbone_dir = Path(backbone_dir) if backbone_dir else results_root_of(model_path) / "pretrain"
     if dest.exists() and any(dest.iterdir()):
