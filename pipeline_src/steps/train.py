@@ -91,9 +91,15 @@ class TrainingJob:
         print(f"trained {self.name} shard {shard}/{self.shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")
 
 
-def load_job(args: StepArgs) -> TrainingJob:
+def load_job(args: StepArgs, method_cfg: dict | None = None) -> TrainingJob:
+    """The job's backbone, samples and manifest, loaded once.
+
+    Args:
+        args: the step's arguments.
+        method_cfg: settings that stand in for the method's own (e.g. the DP study's).
+    """
     cfg, w = args.config, args.wildcards
-    method_cfg = cfg["methods"][w["method"]]
+    method_cfg = method_cfg or cfg["methods"][w["method"]]
     seed = int(w["seed"])
     set_up_job(args.threads, seed)
     backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)

@@ -12,25 +12,15 @@ shard's ids go to the private provenance store (`private_provenance`), reference
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from pipeline_src.data.backbone import load_backbone
-from pipeline_src.data.images import to_model_input
-from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.private import per_example_loss, select_trainable
-from pipeline_src.methods.registry import build_tuned_model
-from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.privacy import dp_method_config, dp_settings, epsilon_label
-from pipeline_src.plan.sharding import shard_ids
-from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.features import load_rows
+from pipeline_src.steps.train import load_job
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.private_provenance import results_root_of, store_members
 from pipeline_src.store.provenance import state_digest
@@ -52,23 +42,10 @@ def main(args: StepArgs) -> None:
     epsilon = target_epsilon(cfg, w["eps"])
     settings = dp_settings(cfg, w["protocol"])
     method_cfg = dp_method_config(cfg["methods"][name], w["protocol"], cfg["privacy"]["jvp_only"])
-    set_up_job(args.threads, seed)
-    device = resolve_device(cfg["device"])
-
-    backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
-    store = SampleStore(args.input.samples)
-    ids = shard_ids(pq.read_table(args.input.manifest), shard)
-    data = store.subset(ids)
-    num_classes = store.num_classes("target")
-    head_seed = cfg["seed"]  # the same head init as the non-private study, and in every shard
-    model = build_tuned_model(backbone, method_cfg, num_classes, head_seed).to(device)
-
+    job = load_job(args, method_cfg)  # seeds the job, loads the backbone and the samples store
+    model = job.new_model()  # the same head init as the non-private study, and in every shard
     t0 = time.perf_counter()
-    if "features" in args.input._names:
-        features = load_rows(args.input.features, [store.row_of[i] for i in ids], model).to(device)
-    else:
-        x = to_model_input(data.images, backbone_record["mean"], backbone_record["std"]).to(device)
-        features = batched_apply(model.prefix, x)
+    ids, features, labels = job.shard_data(model, shard)
     method_flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trained = select_trainable(model, method_cfg["kind"], regime, cfg["privacy"]["train_head"])
     desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard} ({w['protocol']} protocol)"
@@ -84,10 +61,10 @@ def main(args: StepArgs) -> None:
                   mode=settings["mode"], accountant=settings["accountant"], progress=progress)
     try:
         if full_batch:
-            _, privacy = train_private_full_batch(FromPrefix(model), features, data.labels.to(device),
+            _, privacy = train_private_full_batch(FromPrefix(model), features, labels,
                                                   micro_batch_size=settings["batch_size"], **common)
         else:
-            _, privacy = train_private(FromPrefix(model), features, data.labels.to(device),
+            _, privacy = train_private(FromPrefix(model), features, labels,
                                        batch_size=settings["batch_size"], **common)
     except InfeasibleBudget as e:
         raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, shard of {len(ids)} samples): "
@@ -97,11 +74,11 @@ def main(args: StepArgs) -> None:
     record = {
         "kind": "private", "method": name, "method_config": method_cfg, "regime": regime,
         "trained_parameters": trained, "dp_settings": settings, "privacy": privacy,
-        "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": head_seed,
-        "num_classes": num_classes, "backbone_digest": state_digest(backbone.state_dict()),
+        "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": job.head_seed,
+        "num_classes": job.num_classes, "backbone_digest": state_digest(job.backbone.state_dict()),
         # members by a keyed ref into the private store only: a DP model's files never name them
         "num_samples": len(ids), "membership_ref": store_members(results_root_of(args.output.model), ids),
-        "device": str(device), "wall_time_s": time.perf_counter() - t0,
+        "device": str(job.device), "wall_time_s": time.perf_counter() - t0,
     }
     if kind_of(method_cfg).tangent:
         record["linearization_id"] = model.linearization_id()
