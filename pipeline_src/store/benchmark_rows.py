@@ -8,13 +8,14 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import math
 import platform
 import re
 import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
@@ -29,11 +30,12 @@ BENCHMARK_SCHEMA = pa.schema([
     ("sizes", pa.string()),          # JSON object of the sizes (batch, embed, depth, ...)
     ("time_ms_median", pa.float64()),
     ("time_ms_all", pa.list_(pa.float64())),
-    ("peak_mem_mb", pa.float64()),   # CUDA max allocated, or CPU peak RSS growth
+    ("peak_mem_mb", pa.float64()),   # CUDA max allocated, or CPU peak RSS growth; NULL: not measured
     ("repeats", pa.int64()),
     ("commit", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
     ("environment", pa.string()),    # JSON fingerprint: python, torch, cuda, cudnn, timm, ... (pipeline_src/plan/environment.py)
+    ("peak_mem_method", pa.string()),  # how peak_mem_mb was measured, or "not measured: <why>"
 ])
 
 
@@ -70,19 +72,62 @@ def _proc_status_mb(key: str) -> float:
 
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+_MMAP_THRESHOLD = 128 * 1024
+_libc: Any = None
+
+
+def _glibc() -> Any:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.mallopt, _libc.malloc_trim  # noqa: B018 (both must exist: glibc)
+        except (OSError, AttributeError) as e:
+            raise RuntimeError(f"CPU peak memory needs Linux with glibc (libc.so.6: {e})") from e
+    return _libc
 
 
 def pin_mmap_threshold() -> None:
     """Make every allocation ≥ 128 KiB its own mapping, returned to the OS on free, so RSS
     follows tensor frees at once (glibc's adaptive threshold otherwise keeps freed tensors in
-    the heap). Call once, before allocating, in any CPU benchmark that reports peak memory."""
-    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    the heap, where the next case reuses them without RSS growth). Idempotent;
+    `cpu_peak_rss_mb` calls it, and a benchmark may call it first thing to pin it early."""
+    if _glibc().mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) != 1:
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed; CPU peak memory needs glibc")
+
+
+def cpu_peak_rss_mb(fn: Callable[[], Any]) -> float:
+    """Peak RSS growth of one `fn()` call in MiB (Linux, glibc).
+
+    Pins glibc's mmap threshold (`pin_mmap_threshold`) and returns freed heap pages to the
+    OS (`malloc_trim(0)`), so memory that `fn` reuses from earlier frees counts as growth;
+    then resets VmHWM to the current RSS through /proc/self/clear_refs ("5") and returns
+    VmHWM after the call minus VmRSS before. Everything resident before the call (model,
+    data, optimizer state) is excluded; what `fn` allocates and touches, even briefly, is in.
+
+    Args:
+        fn: the case, called once.
+    """
+    clear_refs = Path("/proc/self/clear_refs")
+    if not clear_refs.exists():
+        raise RuntimeError("CPU peak memory needs Linux /proc/self/clear_refs (VmHWM reset)")
+    pin_mmap_threshold()
+    gc.collect()
+    _glibc().malloc_trim(0)
+    clear_refs.write_text("5")  # reset VmHWM to the current RSS
+    base = _proc_status_mb("VmRSS")
+    fn()
+    return _proc_status_mb("VmHWM") - base
 
 
 def peak_memory_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
-    """Peak memory growth of one `fn()` call in MiB: CUDA max allocated above the baseline on a
-    GPU; on the CPU (Linux) the peak RSS growth, from VmHWM after resetting it through
-    /proc/self/clear_refs, minus VmRSS before (see `pin_mmap_threshold`)."""
+    """Peak memory growth of one `fn()` call in MiB: on CUDA `torch.cuda.max_memory_allocated`
+    above the allocated baseline; on the CPU the peak RSS growth (`cpu_peak_rss_mb`).
+
+    Args:
+        fn: the case, called once.
+        device: where `fn` runs.
+    """
     import torch
 
     gc.collect()
@@ -94,14 +139,51 @@ def peak_memory_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
         fn()
         torch.cuda.synchronize(dev)
         return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    base = _proc_status_mb("VmRSS")
-    fn()
-    return _proc_status_mb("VmHWM") - base
+    return cpu_peak_rss_mb(fn)
 
 
-def benchmark_row(benchmark: str, case: str, device: str, sizes: dict, times: list[float], peak_mb: float) -> dict:
-    """One row of `BENCHMARK_SCHEMA`."""
+def peak_method(device: str) -> str:
+    """What `peak_memory_mb` measures on `device` (recorded in each row's `peak_mem_method`)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return "cuda max_memory_allocated growth"
+    return "cpu peak RSS growth (VmHWM reset, mmap threshold pinned)"
+
+
+def benchmark_row(benchmark: str, case: str, device: str, sizes: dict, times: list[float],
+                  peak_mb: Optional[float], *, method: Optional[str] = None,
+                  not_measured: Optional[str] = None) -> dict:
+    """One row of `BENCHMARK_SCHEMA`.
+
+    A claimed peak must be a finite number > 0 (a zero, negative or NaN peak raises: it is a
+    measuring error, not a figure). A case without a memory meaning passes `peak_mb=None` with
+    `not_measured` saying why; the row then has a NULL peak and says so in `peak_mem_method`.
+
+    Args:
+        benchmark, case: names of the script and of what was measured.
+        device: where it ran.
+        sizes: JSON-able sizes.
+        times: per-repeat times in ms.
+        peak_mb: peak memory in MiB, or None (see `not_measured`).
+        method: how the peak was measured (default: `peak_method(device)`, i.e. `peak_memory_mb`).
+        not_measured: the reason there is no peak; required exactly when `peak_mb` is None.
+    """
+    where = f"benchmark_row({benchmark!r}, case {case!r})"
+    if peak_mb is None:
+        if not not_measured:
+            raise ValueError(f"{where}: peak_mb=None needs not_measured='<why this case has no memory figure>'")
+        peak, how = None, f"not measured: {not_measured}"
+    else:
+        if not_measured:
+            raise ValueError(f"{where}: a peak ({peak_mb}) and not_measured={not_measured!r} both given")
+        peak = float(peak_mb)
+        if not math.isfinite(peak) or peak <= 0.0:
+            raise ValueError(f"{where}: peak memory {peak} MB is not a measurement (zero, negative or NaN); "
+                             "measure it with peak_memory_mb or pass peak_mb=None with not_measured=...")
+        how = method or peak_method(device)
+    if not times:
+        raise ValueError(f"{where}: no times")
     return {
         "benchmark": benchmark,
         "case": case,
@@ -109,7 +191,8 @@ def benchmark_row(benchmark: str, case: str, device: str, sizes: dict, times: li
         "sizes": json.dumps(sizes, sort_keys=True),
         "time_ms_median": statistics.median(times),
         "time_ms_all": list(times),
-        "peak_mem_mb": float(peak_mb),
+        "peak_mem_mb": peak,
+        "peak_mem_method": how,
         "repeats": len(times),
         "commit": git_commit(),
         "created_at": datetime.now(timezone.utc),
