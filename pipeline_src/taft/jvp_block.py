@@ -27,6 +27,7 @@ from pipeline_src.taft.jvp_layers import (
     TangentLinear,
     add_tangents,
     tangent_activation,
+    tangent_grad,
 )
 
 
@@ -91,19 +92,20 @@ class TangentAttention(nn.Module):
                 k, dk = self.k_norm(k, dk)
             q, k, v, dq, dk, dv = (z.reshape(B * H, N, dh) for z in (q, k, v, dq, dk, dv))
         q = q * self.scale
-        dq = dq * self.scale
         kt = k.transpose(1, 2)
-        p = torch.bmm(q, kt).softmax(dim=-1)  # (B·H, N, N); primal, needs no grad
-        # The (B·H, N, N) tensors dominate memory: accumulate in place, and rebind names so each
-        # intermediate is freed as soon as the next one exists.
-        dp = torch.bmm(dq, kt).baddbmm_(q, dk.transpose(1, 2))  # dS = dQ·Kᵀ + Q·dKᵀ
-        # dP = P ⊙ (dS − rowsum(P ⊙ dS)): the softmax Jacobian is symmetric, so this is softmax's
-        # backward kernel applied to dS (fused, O(N²), and differentiable in dS).
-        dp = torch._softmax_backward_data(dp, p, -1, p.dtype)
+        p = torch.bmm(q, kt).softmax(dim=-1)  # (B·H, N, N)
         a = torch.bmm(p, v)  # (B·H, N, dh)
-        da = torch.bmm(p, dv).baddbmm_(dp, v)  # P·dV + dP·V
         a = a.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, N, H·dh)
-        da = da.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)
+        with tangent_grad():
+            dq = dq * self.scale
+            # The (B·H, N, N) tensors dominate memory: accumulate in place, and rebind names so
+            # each intermediate is freed as soon as the next one exists.
+            dp = torch.bmm(dq, kt).baddbmm_(q, dk.transpose(1, 2))  # dS = dQ·Kᵀ + Q·dKᵀ
+            # dP = P ⊙ (dS − rowsum(P ⊙ dS)): the softmax Jacobian is symmetric, so this is
+            # softmax's backward kernel applied to dS (fused, O(N²), and differentiable in dS).
+            dp = torch._softmax_backward_data(dp, p, -1, p.dtype)
+            da = torch.bmm(p, dv).baddbmm_(dp, v)  # P·dV + dP·V
+            da = da.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj(a, da)
 
 
@@ -169,7 +171,7 @@ class TangentBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
         a, da = self.ls1(*self.attn(*self.norm1(x, t)))
-        x, t = x + a, add_tangents(t, da)
+        x, t = x + a, add_tangents(t, da)  # tangent-only ops need no `tangent_grad`
         m, dm = self.ls2(*self.mlp(*self.norm2(x, t)))
         return x + m, t + dm
 

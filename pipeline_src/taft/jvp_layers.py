@@ -17,11 +17,17 @@ DP contract (Opacus): every Δ lives in a *standard* module applied to the
     Δγ ⊙ x        -> ``DeltaScale`` (LayerScale; needs its own grad sampler,
                      see ``delta_scale_grad_sample``)
 Frozen base weights are buffers, so they never appear in ``parameters()``.
+
+Every layer computes its primal ops first and its tangent ops inside ``tangent_grad()``:
+a no-op normally, ``torch.no_grad()`` under `primal_gradient.primal_gradient` (plain training),
+where the gradient w.r.t. Δw is taken through the primal ops instead (see that module).
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+import threading
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -31,6 +37,33 @@ Tangent = Optional[torch.Tensor]
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class _Mode(threading.local):
+    primal_grad = False
+
+
+_MODE = _Mode()
+
+
+def primal_grad_enabled() -> bool:
+    """True inside `primal_grad_mode`: tangents are computed without autograd."""
+    return _MODE.primal_grad
+
+
+@contextlib.contextmanager
+def primal_grad_mode() -> Iterator[None]:
+    """Switch every layer's tangent ops to no-grad (this thread); see `primal_gradient`."""
+    prev, _MODE.primal_grad = _MODE.primal_grad, True
+    try:
+        yield
+    finally:
+        _MODE.primal_grad = prev
+
+
+def tangent_grad() -> contextlib.AbstractContextManager:
+    """Context of a layer's tangent ops: no autograd in `primal_grad_mode`, unchanged otherwise."""
+    return torch.no_grad() if _MODE.primal_grad else contextlib.nullcontext()
 
 
 def add_tangents(a: Tangent, b: Tangent) -> Tangent:
@@ -74,11 +107,12 @@ class TangentLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
         y = F.linear(x, self.weight, self.bias)
-        dy = self.delta(x)  # ΔW·x + Δb: the one call of the Δ module
-        if t is not None:
-            # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views.
-            dy = torch.addmm(dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1]),
-                             self.weight.t()).view(dy.shape)
+        with tangent_grad():
+            dy = self.delta(x)  # ΔW·x + Δb: the one call of the Δ module
+            if t is not None:
+                # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views.
+                dy = torch.addmm(dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1]),
+                                 self.weight.t()).view(dy.shape)
         return y, dy
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -121,15 +155,18 @@ class TangentLayerNorm(nn.Module):
         _init_delta_([self.delta.weight, self.delta.bias], delta_init_std, generator)
 
     def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
-        dy = self.delta(x)
         if t is None:
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps), dy
+            y = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            with tangent_grad():
+                return y, self.delta(x)
         y, mean, rstd = torch.native_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        # ∂x̂/∂x = rstd·(I − 11ᵀ/D − x̂x̂ᵀ/D) is symmetric, so its JVP is LayerNorm's affine-free
-        # backward applied to t: one fused kernel, itself differentiable in t.
-        dxhat = torch.ops.aten.native_layer_norm_backward(
-            t, x, self.normalized_shape, mean, rstd, None, None, [True, False, False])[0]
-        return y, torch.addcmul(dy, dxhat, self.weight)
+        with tangent_grad():
+            dy = self.delta(x)
+            # ∂x̂/∂x = rstd·(I − 11ᵀ/D − x̂x̂ᵀ/D) is symmetric, so its JVP is LayerNorm's affine-free
+            # backward applied to t: one fused kernel, itself differentiable in t.
+            dxhat = torch.ops.aten.native_layer_norm_backward(
+                t, x, self.normalized_shape, mean, rstd, None, None, [True, False, False])[0]
+            return y, torch.addcmul(dy, dxhat, self.weight)
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Local parameter name -> (base value, Δ parameter)."""
@@ -169,7 +206,9 @@ def gelu_jvp(x: torch.Tensor, t: torch.Tensor, approximate: str = "none") -> tup
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_jvp: unsupported approximate={approximate!r} (use 'none' or 'tanh')")
-    return F.gelu(x, approximate=approximate), torch.ops.aten.gelu_backward(t, x, approximate=approximate)
+    y = F.gelu(x, approximate=approximate)
+    with tangent_grad():
+        return y, torch.ops.aten.gelu_backward(t, x, approximate=approximate)
 
 
 class TangentGELU(nn.Module):
@@ -215,7 +254,9 @@ def quick_gelu_jvp(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torc
         t: its tangent.
     """
     s = torch.sigmoid(_QUICK_GELU_A * x)
-    return x * s, s * (1.0 + _QUICK_GELU_A * x * (1.0 - s)) * t
+    y = x * s
+    with tangent_grad():
+        return y, s * (1.0 + _QUICK_GELU_A * x * (1.0 - s)) * t
 
 
 class TangentQuickGELU(nn.Module):
@@ -301,10 +342,12 @@ class TangentLayerScale(nn.Module):
         _init_delta_([self.delta.weight], delta_init_std, generator)
 
     def forward(self, x: torch.Tensor, t: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
-        dy = self.delta(x)
-        if t is not None:
-            dy = dy + t * self.gamma
-        return x * self.gamma, dy
+        y = x * self.gamma
+        with tangent_grad():
+            dy = self.delta(x)
+            if t is not None:
+                dy = dy + t * self.gamma
+        return y, dy
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Local parameter name -> (base value, Δ parameter)."""

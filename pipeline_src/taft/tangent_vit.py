@@ -38,7 +38,14 @@ import torch.nn as nn
 
 from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.jvp_block import TangentBlock, dropout_rate
-from pipeline_src.taft.jvp_layers import Tangent, TangentLayerNorm, TangentLinear, _init_delta_
+from pipeline_src.taft.jvp_layers import (
+    Tangent,
+    TangentLayerNorm,
+    TangentLinear,
+    _init_delta_,
+    primal_grad_enabled,
+    tangent_grad,
+)
 
 _SUPPORTED_POOLS = ("token", "avg")
 _CLS_RESET_STD = 0.02
@@ -199,7 +206,8 @@ class TangentViT(nn.Module):
             B, N, D = h.shape
             h = torch.cat([self.cls_token.expand(B, 1, D), h[:, 1:]], dim=1)
             idx = torch.zeros(B, 1, dtype=torch.long, device=h.device)
-            t = torch.cat([self.cls_delta(idx), h.new_zeros(B, N - 1, D)], dim=1)  # Δc on row 0 only
+            with tangent_grad():
+                t = torch.cat([self.cls_delta(idx), h.new_zeros(B, N - 1, D)], dim=1)  # Δc on row 0 only
         for blk in self.blocks:
             h, t = blk(h, t)
         if self.norm is not None:
@@ -214,7 +222,10 @@ class TangentViT(nn.Module):
             if self.fc_norm is not None:
                 h, t = self.fc_norm(h, t)
             y, dy = self.head(h, t)
-        return dy if self.jvp_only else y + dy
+        if self.jvp_only:
+            # Under `primal_gradient` the value is J·Δw and the gradient flows through f_w.
+            return dy + (y - y.detach()) if primal_grad_enabled() else dy
+        return y + dy
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         if self.global_pool == "token":
@@ -270,6 +281,14 @@ class TangentViT(nn.Module):
                 out[f"{timm_path}.{local}"] = pair
         if self.cls_delta is not None:
             out["cls_input"] = (self.cls_token, self.cls_delta.weight.view(1, 1, -1))
+        return out
+
+    def base_delta_parameters(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
+        """(base tensor w, its Δ parameter) for every linearized tensor; ∂f/∂w = ∂f_lin/∂Δw, shapes
+        equal up to the reset class token's (1, 1, D) vs (1, D)."""
+        out = [(w, d) for name, (w, d) in self.linearization_pairs().items() if name != "cls_input"]
+        if self.cls_delta is not None:
+            out.append((self.cls_token, self.cls_delta.weight))
         return out
 
     def linearization_id(self) -> str:

@@ -27,6 +27,7 @@ from torch.func import functional_call, grad, vmap
 from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.plan.schedule import apply_schedule, lr_factor
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
+from pipeline_src.taft.primal_gradient import primal_gradient_backward
 
 _BETAS = (0.9, 0.999)  # torch AdamW defaults
 _EPS = 1e-8
@@ -34,7 +35,7 @@ _EPS = 1e-8
 
 def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
                  loss_fn: Callable, weight_decay_l2: float = 0.0, radius: Optional[float] = None,
-                 from_images: bool = False) -> float:
+                 from_images: bool = False, through_primal: bool = True) -> float:
     """One optimizer step on a batch; returns the batch loss (data + penalty).
 
     Args:
@@ -46,13 +47,22 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
         weight_decay_l2: coefficient of ‖Δw‖₂².
         radius: project Δw onto this ball after the step (None: no projection).
         from_images: run the frozen prefix on `inputs` first.
+        through_primal: take ∇_Δw as the primal network's backward (`primal_gradient`; the same
+            gradient, cheaper); False: autograd through the tangent ops.
     """
-    logits = model(inputs) if from_images else model.forward_from_prefix(inputs)
-    loss = loss_fn(logits, labels)
-    if weight_decay_l2:
-        loss = loss + weight_decay_l2 * delta_l2_penalty(model)
+    def loss_of() -> torch.Tensor:
+        logits = model(inputs) if from_images else model.forward_from_prefix(inputs)
+        loss = loss_fn(logits, labels)
+        if weight_decay_l2:
+            loss = loss + weight_decay_l2 * delta_l2_penalty(model)
+        return loss
+
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    if through_primal:
+        loss = primal_gradient_backward(model, loss_of)
+    else:
+        loss = loss_of()
+        loss.backward()
     opt.step()
     if radius is not None:
         project_to_ball(model, radius)
