@@ -110,9 +110,13 @@ class TangentLinear(nn.Module):
         with tangent_grad():
             dy = self.delta(x)  # ΔW·x + Δb: the one call of the Δ module
             if t is not None:
-                # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views.
-                dy = torch.addmm(dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1]),
-                                 self.weight.t()).view(dy.shape)
+                # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views; in place when
+                # no graph is recorded (out of place, addmm first copies dy).
+                rows, t2 = dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1])
+                if torch.is_grad_enabled():
+                    dy = torch.addmm(rows, t2, self.weight.t()).view(dy.shape)
+                else:
+                    dy = rows.addmm_(t2, self.weight.t()).view(dy.shape)
         return y, dy
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -119,3 +119,16 @@ def test_no_tangent_graph_inside_the_context(family: str) -> None:
     for h in handles:
         h.remove()
     assert {"TangentLinear", "TangentLayerNorm", "TangentAttention", "TangentBlock"} <= set(seen)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_no_grad_forward_equals_the_recorded_one(k: int) -> None:
+    # Without a graph the tangent GEMMs accumulate in place (TangentLinear): same values.
+    model = TangentViT(make_base(init_values=0.3), k, reset_cls=True, delta_init_std=0.05)
+    x = images()
+    recorded = model(x)
+    assert recorded.requires_grad
+    with torch.no_grad():
+        assert rel_err(model(x), recorded) < 1e-14
+    with primal_gradient(model):
+        assert rel_err(model(x), recorded) < 1e-14
