@@ -90,8 +90,10 @@ def _glibc() -> Any:
 def pin_mmap_threshold() -> None:
     """Make every allocation ≥ 128 KiB its own mapping, returned to the OS on free, so RSS
     follows tensor frees at once (glibc's adaptive threshold otherwise keeps freed tensors in
-    the heap, where the next case reuses them without RSS growth). Idempotent;
-    `cpu_peak_rss_mb` calls it, and a benchmark may call it first thing to pin it early."""
+    the heap, where the next case reuses them without RSS growth). Idempotent; `cpu_peak_rss_mb`
+    calls it. It stays pinned, and every large tensor then costs a fresh mapping and its page
+    faults: a TAFT train step took ~1.5x the CPU time pinned. So take times before the first CPU
+    peak measurement (or in another process), never after pinning."""
     if _glibc().mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) != 1:
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed; CPU peak memory needs glibc")
 
