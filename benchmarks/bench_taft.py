@@ -35,7 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline_src.methods.nonlinear import TailFineTune  # noqa: E402
 from pipeline_src.store.benchmark_rows import (  # noqa: E402
     benchmark_row,
+    emit_peaks,
     peak_memory_mb,
+    peak_method,
+    peaks_from_subprocess,
+    pin_mmap_threshold,
     write_benchmark_rows,
 )
 from pipeline_src.taft.losses import get_loss  # noqa: E402
@@ -227,7 +231,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cases", default=None,
                     help="comma-separated substrings; only cases whose name contains one run")
     ap.add_argument("--out-dir", default="results/benchmarks")
+    ap.add_argument("--peaks-only", action="store_true",
+                    help="internal: print the CPU peak of each case (the timing run starts this)")
     args = ap.parse_args(argv)
+    cpu = torch.device(args.device).type == "cpu"
+    if args.peaks_only:
+        pin_mmap_threshold()  # before anything is allocated: RSS then follows every tensor free
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.clock == "process" and torch.device(args.device).type == "cuda":
@@ -240,13 +249,21 @@ def main(argv: list[str] | None = None) -> None:
         cases = {n: fn for n, fn in cases.items() if any(w in n for w in wanted)}
         if not cases:
             ap.error(f"--cases {args.cases!r} matches no case")
+    if args.peaks_only:
+        for fn in cases.values():
+            fn()  # as after the timing run's warm-up: optimizer state exists
+        emit_peaks({name: peak_memory_mb(fn, args.device) for name, fn in cases.items()})
+        return
     times = run_interleaved(cases, repeats, warmup=1, device=args.device, clock=args.clock)
     sizes = {**sizes, "clock": args.clock}
-    # Peaks after all timing: on the CPU measuring pins glibc's mmap threshold, which slows
-    # allocation (`pin_mmap_threshold`).
-    mem = {name: peak_memory_mb(fn, args.device) for name, fn in cases.items()}
+    if cpu:  # in a child process: the pinned mmap threshold would slow the timed allocations
+        argv = sys.argv[1:] if argv is None else list(argv)
+        mem = peaks_from_subprocess([sys.executable, str(Path(__file__).resolve()), *argv, "--peaks-only"])
+    else:
+        mem = {name: peak_memory_mb(fn, args.device) for name, fn in cases.items()}
     med = {name: statistics.median(t) for name, t in times.items()}
-    rows = [benchmark_row(NAME, name, args.device, sizes, times[name], mem[name]) for name in cases]
+    how = peak_method(args.device) + (", measured in a child process" if cpu else "")
+    rows = [benchmark_row(NAME, name, args.device, sizes, times[name], mem[name], method=how) for name in cases]
     path = write_benchmark_rows(NAME, rows, args.out_dir)
     print(f"device: {rows[0]['device']}; sizes: {json.dumps(sizes)}; repeats: {repeats}")
     print(ratio_table(med, mem, sizes))

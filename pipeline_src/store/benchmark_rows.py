@@ -144,6 +144,32 @@ def peak_memory_mb(fn: Callable[[], Any], device: str = "cpu") -> float:
     return cpu_peak_rss_mb(fn)
 
 
+PEAKS_MARK = "BENCHMARK_PEAKS "
+
+
+def emit_peaks(peaks: dict[str, float]) -> None:
+    """Print per-case peaks (MiB) on one marked stdout line, for `peaks_from_subprocess`."""
+    print(PEAKS_MARK + json.dumps(peaks), flush=True)
+
+
+def peaks_from_subprocess(cmd: list[str], timeout_s: float = 3600) -> dict[str, float]:
+    """Run `cmd` (a benchmark in a peaks-only mode that pins the mmap threshold first thing,
+    builds its cases and calls `emit_peaks`) and return its peaks. Keeps the pinned allocator,
+    which slows allocation, out of the process that takes the times.
+
+    Args:
+        cmd: the command line, e.g. [sys.executable, script, ..., "--peaks-only"].
+        timeout_s: wall-clock limit.
+    """
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PEAKS_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"peaks subprocess {cmd} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(lines[-1][len(PEAKS_MARK):])
+
+
 def peak_method(device: str) -> str:
     """What `peak_memory_mb` measures on `device` (recorded in each row's `peak_mem_method`)."""
     import torch

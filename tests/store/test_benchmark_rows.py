@@ -3,12 +3,19 @@ peak that is no measurement (zero, negative, NaN)."""
 from __future__ import annotations
 
 import math
+import sys
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows
+from pipeline_src.store.benchmark_rows import (
+    benchmark_row,
+    peak_memory_mb,
+    peaks_from_subprocess,
+    write_benchmark_rows,
+)
+from tests.conftest import REPO
 
 MIB = 2**20
 
@@ -46,6 +53,23 @@ def test_cpu_peak_is_the_peak_not_the_end_state():
 
     peak = peak_memory_mb(transient, "cpu")
     assert 0.85 * 200 <= peak <= 1.15 * 200, peak
+
+
+CHILD = """
+import sys, torch
+sys.path.insert(0, {repo!r})
+from pipeline_src.store.benchmark_rows import emit_peaks, peak_memory_mb, pin_mmap_threshold
+pin_mmap_threshold()
+emit_peaks({{"ones_120": peak_memory_mb(lambda: torch.ones(120 * 2**20 // 4)), "none": 1.5}})
+"""
+
+
+def test_peaks_from_a_child_process():
+    peaks = peaks_from_subprocess([sys.executable, "-c", CHILD.format(repo=str(REPO))], timeout_s=300)
+    assert set(peaks) == {"ones_120", "none"}
+    assert 0.85 * 120 <= peaks["ones_120"] <= 1.15 * 120, peaks
+    with pytest.raises(RuntimeError, match="exit 3"):
+        peaks_from_subprocess([sys.executable, "-c", "import sys; sys.exit(3)"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
