@@ -44,6 +44,13 @@ def dropout_rate(module: nn.Module) -> float:
     return 0.0
 
 
+def _baddbmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc + a·b, in place when no graph is recorded (saves a (B·H, N, N) buffer); out of place
+    otherwise, since torch.func.vmap (vectorized shard training) has no batching rule for
+    ``baddbmm_`` and falls back to a slow loop."""
+    return acc.baddbmm_(a, b) if not torch.is_grad_enabled() else torch.baddbmm(acc, a, b)
+
+
 class TangentAttention(nn.Module):
     """JVP of timm ``Attention`` (fused qkv, optional qkv bias and LayerNorm qk_norm; no
     scale_norm or gate).
@@ -100,11 +107,11 @@ class TangentAttention(nn.Module):
             dq = dq * self.scale
             # The (B·H, N, N) tensors dominate memory: accumulate in place, and rebind names so
             # each intermediate is freed as soon as the next one exists.
-            dp = torch.bmm(dq, kt).baddbmm_(q, dk.transpose(1, 2))  # dS = dQ·Kᵀ + Q·dKᵀ
+            dp = _baddbmm(torch.bmm(dq, kt), q, dk.transpose(1, 2))  # dS = dQ·Kᵀ + Q·dKᵀ
             # dP = P ⊙ (dS − rowsum(P ⊙ dS)): the softmax Jacobian is symmetric, so this is
             # softmax's backward kernel applied to dS (fused, O(N²), and differentiable in dS).
             dp = torch._softmax_backward_data(dp, p, -1, p.dtype)
-            da = torch.bmm(p, dv).baddbmm_(dp, v)  # P·dV + dP·V
+            da = _baddbmm(torch.bmm(p, dv), dp, v)  # P·dV + dP·V
             da = da.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj(a, da)
 
