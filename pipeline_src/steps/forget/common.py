@@ -23,10 +23,10 @@ from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import build_tuned_model, get_method
 from pipeline_src.methods.training import batched_apply
+from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.compose import composition_weights
-from pipeline_src.steps.train import train_settings
 from pipeline_src.store.metrics import metric_rows
 from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas

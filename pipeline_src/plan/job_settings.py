@@ -1,0 +1,31 @@
+"""A training job's settings: the one place the study's `train:` block and a method's own keys merge.
+
+Torch-free: the rules build each training job's signature from it at parse time
+(`workflow/rules/common.smk`, `signature_of`), and the job reads the same merge at run time
+(`steps/train.py`), so what a signature covers is exactly what the job uses.
+"""
+from __future__ import annotations
+
+import json
+
+
+def train_settings(cfg: dict, method_cfg: dict) -> dict:
+    """The study's `train:` settings, each overridden by the method's own key of that name.
+
+    Args:
+        cfg: the validated config.
+        method_cfg: the method's settings (`methods.<name>`, or settings standing in for them).
+    """
+    return {k: method_cfg.get(k, v) for k, v in cfg["train"].items()}
+
+
+def training_signature(cfg: dict, method_cfg: dict) -> str:
+    """Canonical JSON of everything that determines a trained model besides its input files,
+    so editing a method's settings reruns exactly its jobs (and reordering keys reruns nothing).
+
+    Args:
+        cfg: the validated config.
+        method_cfg: the method's settings.
+    """
+    return json.dumps({"method": method_cfg, "train": train_settings(cfg, method_cfg), "head_seed": cfg["seed"]},
+                      sort_keys=True)
