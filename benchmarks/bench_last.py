@@ -26,7 +26,7 @@ autograd-saved tensors (it reported 185 MB for five Linear fwd/bwd passes on an 
 Times are wall-clock medians (recorded in the rows); on the CPU the process CPU time is printed
 beside them, which is steadier on a shared machine (use --threads 1 so that they agree).
 
-    python benchmarks/bench_last.py [--quick] [--threads 1] [--cases last,grid16]
+    python benchmarks/bench_last.py [--quick] [--threads 1] [--cases last,grid] [--attention bmm]
     python benchmarks/bench_last.py --vit-b --device cuda
 """
 from __future__ import annotations
@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys  # noqa: E402
+from pipeline_src.last import small_head_attention  # noqa: E402
 from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
 
 
@@ -132,6 +133,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--cases", default="full,nlft1,last,last_cached,grid",
                     help="comma-separated subset of full,nlft1,last,last_cached,grid")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "bmm"], default="auto",
+                    help="grid attention path: the per-device table of small_head_attention.py, or forced")
     ap.add_argument("--out-dir", default="results/benchmarks")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -141,6 +144,8 @@ def main() -> None:
         ap.error(f"unknown --cases {sorted(unknown)}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.attention != "auto":
+        small_head_attention.ATTENTION_PATH[dev.type] = args.attention
     if dev.type == "cpu":
         pin_mmap_threshold()
     if args.vit_b:
@@ -149,7 +154,7 @@ def main() -> None:
         vit_kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=4 if args.quick else 6, num_heads=3)
     num_classes = 10
     repeats = args.repeats or (2 if args.quick else 3)
-    sizes = dict(batch=args.batch, num_classes=num_classes, rank=args.rank, heads=args.heads, every=args.every,
+    sizes = dict(attention=small_head_attention.ATTENTION_PATH.get(dev.type, "sdpa"), batch=args.batch, num_classes=num_classes, rank=args.rank, heads=args.heads, every=args.every,
                  modules_per_block=args.modules, grid=args.grid, **vit_kw)
     torch.manual_seed(0)
     x = torch.randn(args.batch, 3, vit_kw["img_size"], vit_kw["img_size"], device=dev)
