@@ -16,7 +16,9 @@ process CPU time, medians of 5; shape (M·B, 4 heads, 65 tokens, head_dim), torc
     16        512   61 ms    65 ms            75 ms                        132 ms
     4         32    3.4 ms   6.6 ms           4.1 ms                       3.6 ms
 
-So on the CPU SDPA stays: its flash kernel already never materialises the matrix and its cost
+In the grid step itself (`bench_last.py --threads 1 --cases last,grid`, 16 networks, D 192, depth 6,
+batch 32, r 16, 4 heads; process CPU time, two interleaved runs) SDPA took 1.24-1.31 s and bmm
+1.87-1.91 s. So on the CPU SDPA stays: its flash kernel already never materialises the matrix and its cost
 per (query, key) entry (~6 ns fwd + bwd) is set by the exponentials, which grow with M. No
 CUDA measurement was possible here; `ATTENTION_PATH` holds the choice per device type and
 `bench_last.py --attention bmm` measures the other path on a new device.
