@@ -38,8 +38,8 @@ from scipy.optimize import linear_sum_assignment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline_src.matching import match_to_anchor  # noqa: E402
-from pipeline_src.matching.ffn_permutation import ffn_similarity  # noqa: E402
 from pipeline_src.matching import sparse_assignment as sparse_module  # noqa: E402
+from pipeline_src.matching.ffn_permutation import ffn_similarity  # noqa: E402
 from pipeline_src.matching.sparse_assignment import sparse_assignment  # noqa: E402
 from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, time_median, write_benchmark_rows  # noqa: E402
 

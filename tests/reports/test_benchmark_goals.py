@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline_src.reports import benchmark_goals, benchmarks as report_benchmarks
+from pipeline_src.reports import benchmark_goals
+from pipeline_src.reports import benchmarks as report_benchmarks
 from pipeline_src.store import results_db
 from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
 
@@ -48,7 +49,7 @@ def test_goal_table_from_rows(results, tmp_path, monkeypatch):
     import bench_last
 
     monkeypatch.setattr(sys, "argv", ["bench_last.py", "--quick", "--batch", "2", "--grid", "2", "--rank", "4",
-                                      "--heads", "2", "--cases", "last,grid", "--repeats", "1", "--threads", "1",
+                                      "--heads", "2", "--cases", "last,grid", "--repeats", "1", "--threads", "1", "--clock", "process",
                                       "--out-dir", str(results / "results" / "benchmarks")])
     import torch
     threads = torch.get_num_threads()
