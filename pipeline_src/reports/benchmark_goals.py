@@ -80,7 +80,7 @@ def last_lines(df: pd.DataFrame) -> list[dict]:
     out = []
     for (device, sizes), g in df.groupby(["device", "sizes"], sort=True):
         by = g.set_index("case")
-        short = _short(sizes, ("grid", "rank", "heads", "every", "batch", "depth", "embed_dim", "attention"))
+        short = _short(sizes, ("grid", "rank", "heads", "every", "batch", "depth", "embed_dim", "attention", "clock"))
         for case in sorted(c for c in by.index if c.startswith("grid")):
             n = case.removeprefix("grid")
             r = _ratio(by, case, "last")
