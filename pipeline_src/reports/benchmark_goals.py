@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
-import duckdb
 import pandas as pd
 
 TAFT_JVP_GOAL = 0.9
@@ -126,16 +124,3 @@ def goal_lines(rows: dict[str, pd.DataFrame], dp_ratios) -> pd.DataFrame:
     if not rows["bench_matching"].empty:
         lines += matching_lines(rows["bench_matching"])
     return pd.DataFrame(lines, columns=COLUMNS)
-
-
-def bench_goals(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
-    """bench_goals.{md,csv}: each ratio beside its goal and its floor, one table per device."""
-    from pipeline_src.reports.benchmarks import _rows, _save, dp_ratios
-
-    rows = {name: _rows(con, name) for name in ("bench_taft", "bench_last", "bench_dp", "bench_matching")}
-    t = goal_lines(rows, dp_ratios)
-    if t.empty:
-        return []
-    return _save([(d, g) for d, g in t.groupby("device", sort=True)], out_dir, "bench_goals",
-                 "Benchmark ratios beside their goals and floors (newest rows; floor: the arithmetic bound where "
-                 "one exists; reference: the paper's figure)")

@@ -23,7 +23,7 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.reports.benchmark_goals import bench_goals  # noqa: E402
+from pipeline_src.reports.benchmark_goals import goal_lines  # noqa: E402
 from pipeline_src.reports.files import save_png as _save_png  # noqa: E402
 from pipeline_src.store.atomic import write_text  # noqa: E402
 
@@ -224,6 +224,18 @@ def unlearning_speedup(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Pa
     t = t.sort_values(["device", "method", "N"])
     return _save([(d, g) for d, g in t.groupby("device", sort=True)], out_dir, "bench_unlearning_speedup",
                  "Unlearning: wall-time speedup of retrain-shard over the paragon (forget one sample)")
+
+
+
+def bench_goals(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """bench_goals.{md,csv}: each ratio beside its goal and its floor, one table per device."""
+    rows = {name: _rows(con, name) for name in ("bench_taft", "bench_last", "bench_dp", "bench_matching")}
+    t = goal_lines(rows, dp_ratios)
+    if t.empty:
+        return []
+    return _save([(d, g) for d, g in t.groupby("device", sort=True)], out_dir, "bench_goals",
+                 "Benchmark ratios beside their goals and floors (newest rows; floor: the arithmetic bound where "
+                 "one exists; reference: the paper's figure)")
 
 
 REPORTS: dict = {

@@ -64,7 +64,7 @@ def test_goal_table_from_rows(results, tmp_path, monkeypatch):
 
     out = tmp_path / "report"
     out.mkdir()
-    paths = benchmark_goals.bench_goals(results_db.connect(results / "results"), out)
+    paths = report_benchmarks.bench_goals(results_db.connect(results / "results"), out)
     assert [p.name for p in paths] == ["bench_goals.md", "bench_goals.csv"]
     got = read(out / "bench_goals.csv")
     jvp1 = got["TAFT-1 tangent forward / torch.func.jvp"]
@@ -93,7 +93,7 @@ def test_goal_table_from_rows(results, tmp_path, monkeypatch):
 
 def test_no_rows_no_table(tmp_path):
     (tmp_path / "results").mkdir()
-    assert benchmark_goals.bench_goals(results_db.connect(tmp_path / "results"), tmp_path) == []
+    assert report_benchmarks.bench_goals(results_db.connect(tmp_path / "results"), tmp_path) == []
 
 
 def test_missing_memory_is_nan_not_a_pass():
