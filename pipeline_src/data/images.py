@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline_src.data.npy_rows import NpyWriter
-from pipeline_src.plan.samples import SampleList
+from pipeline_src.plan.dataset_layouts import SampleList
+from pipeline_src.plan.image_check import decode_errors
 
 CHUNK = 256  # images decoded and written at a time: prepare's memory is bounded by this, not the dataset
 
@@ -35,8 +36,9 @@ def decode_image(path: str, size: int, chans: int, sample_id: str) -> np.ndarray
     try:
         with Image.open(path) as im:
             arr = np.asarray(im.convert("L" if chans == 1 else "RGB").resize((size, size), Image.BILINEAR))
-    except OSError as e:
-        raise ValueError(f"sample {sample_id}: cannot read image {path}: {e}") from e
+    except decode_errors() as e:
+        raise ValueError(f"sample {sample_id}: cannot read image {path}: {type(e).__name__}: {e} "
+                         "(dataset.skip_corrupt: true skips such files)") from e
     return arr.reshape(size, size, chans).transpose(2, 0, 1)
 
 
