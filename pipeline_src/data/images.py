@@ -86,8 +86,8 @@ def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
 
 
 def to_model_input(images: torch.Tensor, mean: list[float], std: list[float], dtype=torch.float32) -> torch.Tensor:
-    """uint8 images (N, C, H, W) → normalised float tensor for the backbone."""
+    """uint8 images (N, C, H, W) → normalised float tensor for the backbone, on their device."""
     x = images.to(dtype) / 255.0
-    mean_t = torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=dtype).view(1, -1, 1, 1)
+    mean_t = torch.tensor(mean, dtype=dtype, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=dtype, device=images.device).view(1, -1, 1, 1)
     return (x - mean_t) / std_t

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pipeline_src.methods.kinds import method_errors
+from pipeline_src.methods.kinds import feature_cache, kind_of, method_errors
 from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.dataset_layouts import MANIFEST_SUFFIXES
@@ -148,6 +148,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
                 raise ConfigError(f"config key '{key}': {message} (methods.{name} trains {epochs} epochs)")
         for key, message in method_errors(name, method, depth if cfg["backbone"]["source"] == "pretrain" else None):
             raise ConfigError(f"config key '{key}': {message}")
+    _check_augment(cfg)
     # Each study checks its own section and raises ConfigError naming <section>.<key>.
     check_fusion_config(cfg)
     check_last_grid_config(cfg)
@@ -165,6 +166,24 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         _check_no_empty_shard(cfg)
         check_cache_budget(cfg)
     check_privacy_config(cfg, n_train, cache_dir)
+
+
+def _check_augment(cfg: dict) -> None:
+    """`train.augment` needs methods that train from images, one batch at a time."""
+    if not cfg["train"]["augment"]["enabled"]:
+        return
+    for name, method in cfg["methods"].items():
+        kind = kind_of(method)
+        if kind.side:
+            raise ConfigError(f"config key 'train.augment.enabled': methods.{name} (last) trains from the frozen "
+                              "block outputs of the whole shard, which augmentation cannot replace per batch")
+        if method.get("vectorized_shards"):
+            raise ConfigError(f"config key 'train.augment.enabled': methods.{name}.vectorized_shards trains from "
+                              "precomputed features; set vectorized_shards: false")
+        if cfg["features"]["cache"] and feature_cache(method) is not None:
+            raise ConfigError(f"config key 'train.augment.enabled': methods.{name} trains from the cached features "
+                              f"'{feature_cache(method)}', computed once without augmentation; "
+                              "set features.cache: false")
 
 
 def _check_dataset_path(dataset_cfg: dict, cache_dir: str | Path | None) -> None:
