@@ -46,7 +46,7 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     n = len(store.image_array)
     dtype = args.params.get("dtype") or cfg["features"]["dtype"]
-    bf16 = use_bf16(cfg["train"]["precision"], device)
+    bf16 = use_bf16(args.params.get("precision") or cfg["train"]["precision"], device)
     batches = image_batches(store.image_array, range(n), BATCH, device, cfg["train"]["num_workers"])
     writer = None
     meter = Throughput(f"features '{cache}'")
