@@ -15,9 +15,11 @@ Cached features are computed once, so they cannot be augmented: augmentation nee
 from __future__ import annotations
 
 import hashlib
+import itertools
 import multiprocessing as mp
 import random
-from typing import Callable, Sequence
+from collections import deque
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -79,6 +81,13 @@ def _augment_in_worker(item: tuple[np.ndarray, int]) -> np.ndarray:
 class AugmentedInputs:
     """A training set's frozen-prefix features, made per batch from augmented images.
 
+    With `workers` > 0 and the loop's shuffling (`order_seed`, `batch_size`: a fresh
+    `torch.randperm(n, generator=Generator().manual_seed(order_seed))` per epoch, cut into
+    consecutive batches, as `fit` and TAFT's loop draw it), the next `prefetch` batches are
+    augmented by the pool while the model trains on the current one. Every request is checked
+    against the prediction; a mismatch drops the prefetched batches and serves on demand, so the
+    prediction changes the speed, never the values.
+
     Args:
         store: the prepared dataset.
         ids: the training samples, in the order the loop's positions refer to.
@@ -88,15 +97,21 @@ class AugmentedInputs:
         seed: the augmentation seed (the shard's training seed).
         workers: processes augmenting a batch in parallel (0: in this process).
         autocast: run `prefix` under bfloat16 autocast (CUDA only).
+        order_seed, batch_size: the training loop's shuffling, to prefetch (None: no prefetching).
+        prefetch: batches augmented ahead.
     """
 
     def __init__(self, store: SampleStore, ids: list[str], transform, prefix: Callable[[torch.Tensor], torch.Tensor],
-                 device: torch.device, seed: int, workers: int = 0, autocast: bool = False) -> None:
+                 device: torch.device, seed: int, workers: int = 0, autocast: bool = False,
+                 order_seed: int | None = None, batch_size: int | None = None, prefetch: int = 2) -> None:
         self.store, self.ids, self.transform, self.prefix = store, list(ids), transform, prefix
         self.rows = store.rows(self.ids)
         self.device, self.seed, self.workers, self.autocast = torch.device(device), seed, workers, autocast
         self.served = 0
         self._pool = None
+        self._plan = self._predicted(order_seed, batch_size) if workers and order_seed is not None and batch_size else None
+        self._pending: deque = deque()  # (epoch, positions, AsyncResult), in predicted order
+        self.prefetch, self.prefetched = prefetch, 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -105,15 +120,35 @@ class AugmentedInputs:
     def epoch(self) -> int:
         return self.served // len(self.ids)
 
-    def images(self, positions: Sequence[int], epoch: int) -> torch.Tensor:
-        """Augmented, normalised float images (B, C, H, W) of these positions in this epoch (CPU)."""
+    def _predicted(self, order_seed: int, batch_size: int) -> Iterator[tuple[int, list[int]]]:
+        gen, n = torch.Generator().manual_seed(order_seed), len(self.ids)
+        for epoch in itertools.count():
+            perm = torch.randperm(n, generator=gen).tolist()
+            for start in range(0, n, batch_size):
+                yield epoch, perm[start:start + batch_size]
+
+    def _items(self, positions: Sequence[int], epoch: int) -> list[tuple[np.ndarray, int]]:
         raw = self.store.image_array.read(self.rows[list(positions)])
-        items = [(raw[j], sample_seed(self.seed, epoch, self.ids[p])) for j, p in enumerate(positions)]
-        if self.workers == 0:
-            return torch.stack([augment_one(self.transform, im, s) for im, s in items])
+        return [(raw[j], sample_seed(self.seed, epoch, self.ids[p])) for j, p in enumerate(positions)]
+
+    def _submit(self, positions: Sequence[int], epoch: int):
         if self._pool is None:
             self._pool = mp.get_context("fork").Pool(self.workers, _init_worker, (self.transform,))
-        return torch.from_numpy(np.stack(self._pool.map(_augment_in_worker, items)))
+        return self._pool.map_async(_augment_in_worker, self._items(positions, epoch))
+
+    def images(self, positions: Sequence[int], epoch: int) -> torch.Tensor:
+        """Augmented, normalised float images (B, C, H, W) of these positions in this epoch (CPU)."""
+        if self.workers == 0:
+            return torch.stack([augment_one(self.transform, im, s) for im, s in self._items(positions, epoch)])
+        while self._plan is not None and len(self._pending) <= self.prefetch:
+            e, p = next(self._plan)
+            self._pending.append((e, p, self._submit(p, e)))
+        if self._pending and self._pending[0][:2] == (epoch, list(positions)):
+            self.prefetched += 1
+            return torch.from_numpy(np.stack(self._pending.popleft()[2].get()))
+        self._pending.clear()  # not the predicted order: serve on demand from now on
+        self._plan = None
+        return torch.from_numpy(np.stack(self._submit(positions, epoch).get()))
 
     def __getitem__(self, idx) -> torch.Tensor:
         positions = torch.as_tensor(idx).reshape(-1).tolist()

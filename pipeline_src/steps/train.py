@@ -88,7 +88,8 @@ class TrainingJob:
         transform = train_transform(self.settings["augment"], dataset["img_size"], dataset["in_chans"], rec["mean"],
                                     rec["std"])
         inputs = AugmentedInputs(self.store, ids, transform, model.prefix, self.device, seed,
-                                 self.settings["num_workers"], self.bf16)
+                                 self.settings["num_workers"], self.bf16, order_seed=seed,
+                                 batch_size=self.settings["batch_size"])  # fit's and TAFT's shuffling
         return ids, inputs, self.store.subset(ids).labels.to(self.device)
 
     def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str) -> None:

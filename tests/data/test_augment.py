@@ -85,3 +85,24 @@ def test_fit_from_augmented_inputs_replays(store):
         return head.weight.detach().clone()
 
     assert torch.equal(run(), run())
+
+
+@pytest.mark.parametrize("order_seed, hits", [(1, 6), (2, 0)])  # 2 epochs x 3 batches; a wrong guess: none
+def test_prefetching_changes_the_speed_never_the_values(store, order_seed, hits):
+    def run(**kw) -> tuple[torch.Tensor, AugmentedInputs]:
+        torch.manual_seed(0)
+        head = torch.nn.Linear(3 * 8 * 8, 3)
+        ids = store.ids("target", "train")
+        x = AugmentedInputs(store, ids, train_transform(AUG, 8, 3, MEAN, STD), lambda im: im.flatten(1),
+                            torch.device("cpu"), 3, **kw)
+        try:
+            fit(head, list(head.parameters()), x, store.subset(ids).labels, epochs=2, batch_size=4, lr=1e-2,
+                weight_decay=0.0, seed=1)
+        finally:
+            x.close()
+        return head.weight.detach().clone(), x
+
+    reference, _ = run()
+    assert len(store.ids("target", "train")) in range(9, 13)  # 3 batches of 4 per epoch
+    weights, x = run(workers=2, order_seed=order_seed, batch_size=4)
+    assert torch.equal(weights, reference) and x.prefetched == hits
