@@ -13,17 +13,13 @@ from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
+from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.features import load_rows
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.provenance import state_digest
-
-
-def train_settings(cfg: dict, method_cfg: dict) -> dict:
-    """The study's `train:` settings, overridden by the method's own keys."""
-    return {k: method_cfg.get(k, v) for k, v in cfg["train"].items()}
 
 
 def shard_seed(seed: int, shard: int) -> int:
@@ -92,13 +88,15 @@ class TrainingJob:
                                  batch_size=self.settings["batch_size"])  # fit's and TAFT's shuffling
         return ids, inputs, self.store.subset(ids).labels.to(self.device)
 
-    def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str) -> None:
+    def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str,
+             extra: dict | None = None) -> None:
+        """Write one shard model and its record (config, sample ids, seeds; `extra` adds keys)."""
         record = {
             "kind": "trained", "method": self.name, "method_config": self.method_cfg, "train_settings": self.settings,
             "experiment": self.args.config["experiment"], "shards": self.shards, "shard_id": shard, "seed": self.seed,
             "head_seed": self.head_seed, "num_classes": self.num_classes,
             "backbone_digest": state_digest(self.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
-            "device": str(self.device), "wall_time_s": wall_time_s, **stats,
+            "device": str(self.device), "wall_time_s": wall_time_s, **(extra or {}), **stats,
         }
         save_model(state, record, path)
         print(f"trained {self.name} shard {shard}/{self.shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")

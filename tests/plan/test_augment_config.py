@@ -41,3 +41,16 @@ def test_bad_values_name_the_key():
         validate_config(study({"fc": {"kind": "fc"}}, precision="float16"), count_samples=False)
     with pytest.raises(ConfigError, match=r"config key 'train.augment.scale'"):
         validate_config(study({"fc": {"kind": "fc"}}, augment={"enabled": True, "scale": [0.5]}), count_samples=False)
+
+
+def test_num_workers_reruns_nothing_precision_and_augment_do():
+    from pipeline_src.plan.job_settings import training_signature
+
+    def signature(**train) -> str:
+        cfg = validate_config({"experiment": "x", "dataset": {"source_classes": [0]}, "features": {"cache": False},
+                               "methods": {"fc": {"kind": "fc"}}, "shards": [1], "train": train}, count_samples=False)
+        return training_signature(cfg, cfg["methods"]["fc"])
+
+    base = signature()
+    assert signature(num_workers=4) == base
+    assert signature(precision="bfloat16") != base and signature(augment={"enabled": True}) != base
