@@ -106,7 +106,7 @@ def _manifest_columns(path: Path) -> dict[str, list]:
         table = pq.read_table(path)
         return {name: [None if v is None else str(v) for v in table.column(name).to_pylist()]
                 for name in table.column_names}
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
         rows = list(csv.reader(f))
     if not rows:
         raise ValueError(f"config key 'dataset.path': manifest {path} is empty")

@@ -56,7 +56,13 @@ def list_samples(dataset_cfg: dict) -> SampleList:
         return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None)
     samples = LAYOUTS[dataset_cfg.get("layout", "folders")](dataset_cfg)
     if dataset_cfg.get("skip_corrupt", False):
+        before = set(samples.class_names)
         samples = drop_corrupt(samples)
+        gone = sorted(before - set(samples.class_names))
+        if gone and not dataset_cfg.get("allow_empty_classes", False):  # as an empty class folder
+            raise ValueError(f"config key 'dataset.skip_corrupt': every image of classes {gone} is corrupt "
+                             "(set dataset.allow_empty_classes: true to drop them)")
+        samples.empty_classes += gone
     check_given_splits(samples, dataset_cfg["path"])
     return samples
 

@@ -131,3 +131,10 @@ def test_layout_keys_need_an_imagefolder():
     with pytest.raises(ConfigError, match=r"config key 'dataset.layout': only for dataset.source 'imagefolder'"):
         validate_config({"experiment": "x", "dataset": {"layout": "manifest", "source_classes": [0]}, "methods": {"fc": {"kind": "fc"}},
                          "shards": [1]})
+
+
+def test_a_spreadsheet_csv_with_a_byte_order_mark(image_folder):
+    path = image_folder / "m.csv"
+    path.write_text("path,label\ncircle/img0.png,circle\nsquare/img0.png,square\n", encoding="utf-8-sig")
+    d = {"source": "imagefolder", "layout": "manifest", "path": str(path)}
+    assert list_samples(d).class_names == ["circle", "square"]

@@ -84,3 +84,12 @@ def test_validation_reports_the_skipped_count(image_folder, capsys):
                      "backbone": {"source": "timm", "timm_name": "vit_tiny_patch16_224"},
                      "methods": {"fc": {"kind": "fc"}}, "shards": [1]})
     assert "2 corrupt images skipped (e.g. " in capsys.readouterr().err
+
+
+def test_a_class_left_without_images_is_an_error_unless_allowed(image_folder):
+    for f in (image_folder / "square").iterdir():
+        f.write_text("not an image")
+    with pytest.raises(ValueError, match=r"'dataset.skip_corrupt': every image of classes \['square'\] is corrupt"):
+        list_samples(folder_cfg(image_folder, skip_corrupt=True))
+    samples = list_samples(folder_cfg(image_folder, skip_corrupt=True, allow_empty_classes=True))
+    assert set(samples.class_names) == {"circle", "triangle"} and samples.empty_classes == ["square"]
