@@ -8,7 +8,8 @@ See pipeline_src/reports/report.py for the report interface. Every report reads 
     non-private step, per clipping mode and case (table + PNG, pure-FC cases included);
   * TAFT (bench_taft): tangent forward vs plain forward vs torch.func.jvp;
   * matching (bench_matching): time per model pair vs parameter count (table + PNG);
-  * unlearning (unlearning): speedup of retrain-shard over the paragon per shard count N.
+  * unlearning (unlearning): speedup of retrain-shard over the paragon per shard count N;
+  * goals (`benchmark_goals.py`): every tracked ratio beside its goal and its floor.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pipeline_src.reports.benchmark_goals import bench_goals  # noqa: E402
 from pipeline_src.reports.files import save_png as _save_png  # noqa: E402
 from pipeline_src.store.atomic import write_text  # noqa: E402
 
@@ -230,4 +232,5 @@ REPORTS: dict = {
     "bench_taft_ratios": taft_ratios,
     "bench_matching_scaling": matching_scaling,
     "bench_unlearning_speedup": unlearning_speedup,
+    "bench_goals": bench_goals,
 }
