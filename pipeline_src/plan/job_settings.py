@@ -19,6 +19,11 @@ def train_settings(cfg: dict, method_cfg: dict) -> dict:
     return {k: method_cfg.get(k, v) for k, v in cfg["train"].items()}
 
 
+# How a job reads its data, not what it computes (trained tensors are bit-identical at any value:
+# tests/steps/test_train_from_images.py), so changing it reruns nothing.
+RUN_ONLY = ("num_workers",)
+
+
 def training_signature(cfg: dict, method_cfg: dict) -> str:
     """Canonical JSON of everything that determines a trained model besides its input files,
     so editing a method's settings reruns exactly its jobs (and reordering keys reruns nothing).
@@ -27,5 +32,5 @@ def training_signature(cfg: dict, method_cfg: dict) -> str:
         cfg: the validated config.
         method_cfg: the method's settings.
     """
-    return json.dumps({"method": method_cfg, "train": train_settings(cfg, method_cfg), "head_seed": cfg["seed"]},
-                      sort_keys=True)
+    settings = {k: v for k, v in train_settings(cfg, method_cfg).items() if k not in RUN_ONLY}
+    return json.dumps({"method": method_cfg, "train": settings, "head_seed": cfg["seed"]}, sort_keys=True)
