@@ -100,8 +100,12 @@ def measure(base: nn.Module, prepare, x, y, device: str, repeats: int, sizes: di
     rows = []
     for mode in args_modes:
         peak = peak_memory_mb(steps[mode], device=device)
-        rows.append(benchmark_row("bench_dp", f"{case}:{mode}", device, {**sizes, "mode": mode, "clock": clock},
-                                  times[mode], peak))
+        row_sizes = {**sizes, "mode": mode, "clock": clock}
+        try:
+            rows.append(benchmark_row("bench_dp", f"{case}:{mode}", device, row_sizes, times[mode], peak))
+        except ValueError:  # a step too small to move the peak: no figure, and the row says why
+            rows.append(benchmark_row("bench_dp", f"{case}:{mode}", device, row_sizes, times[mode], None,
+                                      not_measured=f"peak growth {peak:.2f} MB is below what the allocator shows"))
         print(f"  {case:<28} {mode:<10} {statistics.median(times[mode]):9.2f} ms  {peak:9.1f} MB", flush=True)
     return rows
 
@@ -155,10 +159,11 @@ def ratio_table(rows: list[dict]) -> str:
     modes = [k for k in MODES[1:] if any(r["case"].endswith(f":{k}") for r in rows)]
     lines = [f"{'case':<28} {'non-private':>16} " + " ".join(f"{k + ' t/mem':>16}" for k in modes)]
     for case, m in by_case.items():
-        t0, m0 = m["nonprivate"]["time_ms_median"], m["nonprivate"]["peak_mem_mb"]
-        # peak growth below 1 MB is allocator noise on the CPU: no memory ratio then
-        cells = [f"{m[k]['time_ms_median'] / t0:6.2f}x/" + (f"{m[k]['peak_mem_mb'] / m0:6.2f}x" if m0 >= 1.0 else "    n/a")
-                 for k in modes]
+        t0, m0 = m["nonprivate"]["time_ms_median"], m["nonprivate"]["peak_mem_mb"] or 0.0  # None: not measured
+
+        def mem(k: str) -> str:  # peak growth below 1 MB is allocator noise on the CPU: no memory ratio then
+            return f"{m[k]['peak_mem_mb'] / m0:6.2f}x" if m0 >= 1.0 and m[k]["peak_mem_mb"] else "    n/a"
+        cells = [f"{m[k]['time_ms_median'] / t0:6.2f}x/" + mem(k) for k in modes]
         lines.append(f"{case:<28} {t0:8.1f}ms/{m0:5.0f}MB " + " ".join(f"{c:>16}" for c in cells))
     return "\n".join(lines)
 

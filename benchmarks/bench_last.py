@@ -23,10 +23,11 @@ grows with use and then keeps freed tensors in the heap).
 The profiler-based CPU path of `peak_memory_mb` was not used: it misses the frees of
 autograd-saved tensors (it reported 185 MB for five Linear fwd/bwd passes on an 8 MB input).
 
-Times are wall-clock medians (recorded in the rows); on the CPU the process CPU time is printed
-beside them, which is steadier on a shared machine (use --threads 1 so that they agree).
+Cases run interleaved (one step of each per round; medians over rounds). The rows record wall
+time, or with --clock process (CPU, --threads 1) the process CPU time, which is steadier on a
+shared machine; both are printed.
 
-    python benchmarks/bench_last.py [--quick] [--threads 1] [--cases last,grid16]
+    python benchmarks/bench_last.py [--quick] [--threads 1 --clock process] [--cases last,grid] [--attention bmm]
     python benchmarks/bench_last.py --vit-b --device cuda
 """
 from __future__ import annotations
@@ -47,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
-from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys  # noqa: E402
+from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys, small_head_attention  # noqa: E402
 from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
 
 
@@ -132,6 +133,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--cases", default="full,nlft1,last,last_cached,grid",
                     help="comma-separated subset of full,nlft1,last,last_cached,grid")
+    ap.add_argument("--clock", choices=["wall", "process"], default="wall",
+                    help="what the rows record: wall time, or process CPU time (CPU with --threads 1)")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "bmm"], default="auto",
+                    help="grid attention path: the per-device table of small_head_attention.py, or forced")
     ap.add_argument("--out-dir", default="results/benchmarks")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -139,8 +144,12 @@ def main() -> None:
     unknown = cases - {"full", "nlft1", "last", "last_cached", "grid"}
     if unknown:
         ap.error(f"unknown --cases {sorted(unknown)}")
+    if args.clock == "process" and (dev.type != "cpu" or args.threads != 1):
+        ap.error("--clock process needs --device cpu and --threads 1")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.attention != "auto":
+        small_head_attention.ATTENTION_PATH[dev.type] = args.attention
     if dev.type == "cpu":
         pin_mmap_threshold()
     if args.vit_b:
@@ -149,7 +158,7 @@ def main() -> None:
         vit_kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=4 if args.quick else 6, num_heads=3)
     num_classes = 10
     repeats = args.repeats or (2 if args.quick else 3)
-    sizes = dict(batch=args.batch, num_classes=num_classes, rank=args.rank, heads=args.heads, every=args.every,
+    sizes = dict(attention=small_head_attention.ATTENTION_PATH.get(dev.type, "sdpa"), batch=args.batch, num_classes=num_classes, rank=args.rank, heads=args.heads, every=args.every,
                  modules_per_block=args.modules, grid=args.grid, **vit_kw)
     torch.manual_seed(0)
     x = torch.randn(args.batch, 3, vit_kw["img_size"], vit_kw["img_size"], device=dev)
@@ -162,16 +171,10 @@ def main() -> None:
     results: dict[str, tuple[float, float, float]] = {}  # case -> (peak MB, median wall ms, median CPU ms)
     rows = []
 
+    registered: dict[str, tuple[Callable[[], None], Callable[[], float]]] = {}
+
     def measure(case: str, step: Callable[[], None], resident: Callable[[], float]) -> None:
-        times, cpu = time_wall_cpu(step, repeats=repeats, warmup=2, device=args.device)  # warmup allocates AdamW state
-        med = statistics.median(times)
-        res, transient = resident(), step_peak_mb(step, args.device)
-        peak = res + transient
-        results[case] = (peak, med, statistics.median(cpu))
-        rows.append(benchmark_row("bench_last", case, args.device, sizes, times, peak))
-        cpu_txt = f" (cpu {statistics.median(cpu):9.2f} ms)" if dev.type == "cpu" else ""
-        print(f"{case:12s} step {med:9.2f} ms{cpu_txt}   peak {peak:9.1f} MB "
-              f"(resident {res:.1f} + step {transient:.1f})", flush=True)
+        registered[case] = (step, resident)  # timed below, interleaved with the other cases
 
     # Full fine-tuning and NLFT-1 (last block + norm + head).
     depth = vit_kw["depth"]
@@ -181,8 +184,8 @@ def main() -> None:
             continue
         vit = make_vit()
         step, opt = backbone_step(vit, trainable)
-        measure(case, lambda: step(x, y), lambda: tensor_mb(vit.parameters()) + adam_state_mb(opt))
-        del vit, step, opt
+        measure(case, lambda step=step, vit=vit, opt=opt: step(x, y),
+                lambda vit=vit, opt=opt: tensor_mb(vit.parameters()) + adam_state_mb(opt))
 
     # LAST: the backbone is a frozen feature extractor (no parameter requires grad).
     vit = make_vit().requires_grad_(False)
@@ -203,7 +206,6 @@ def main() -> None:
         measure("last", lambda: side_step(extract_features(vit, x, every=args.every)), resident_last)
     if "last_cached" in cases:
         measure("last_cached", lambda: side_step(cached), lambda: resident_last() + tensor_mb(cached))
-    del side, opt, cached
 
     members = [dict(rank=args.rank, heads=args.heads, every=args.every, modules_per_block=args.modules,
                     lr=10 ** (-2 - 2 * i / max(args.grid - 1, 1)), seed=i) for i in range(args.grid)]
@@ -217,6 +219,30 @@ def main() -> None:
 
         measure(grid_case, grid_step, lambda: tensor_mb(vit.parameters()) + sum(
             tensor_mb([g.flat, g.exp_avg, g.exp_avg_sq]) for g in grid.groups))
+
+    # Interleaved rounds (one step of every case per round), so load from other processes hits all
+    # cases alike; medians over rounds. Warm-up steps allocate the AdamW state.
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for step, _ in registered.values():
+        for _ in range(2):
+            step()
+    sync()
+    wall: dict[str, list[float]] = {c: [] for c in registered}
+    cpu: dict[str, list[float]] = {c: [] for c in registered}
+    for _ in range(repeats):
+        for case, (step, _) in registered.items():
+            w, c = time_wall_cpu(step, repeats=1, warmup=0, device=args.device)
+            wall[case] += w
+            cpu[case] += c
+    for case, (step, resident) in registered.items():
+        res, transient = resident(), step_peak_mb(step, args.device)
+        peak = res + transient
+        times = cpu[case] if args.clock == "process" else wall[case]
+        results[case] = (peak, statistics.median(wall[case]), statistics.median(cpu[case]))
+        rows.append(benchmark_row("bench_last", case, args.device, {**sizes, "clock": args.clock}, times, peak))
+        cpu_txt = f" (cpu {results[case][2]:9.2f} ms)" if dev.type == "cpu" else ""
+        print(f"{case:12s} step {results[case][1]:9.2f} ms{cpu_txt}   peak {peak:9.1f} MB "
+              f"(resident {res:.1f} + step {transient:.1f})", flush=True)
 
     path = write_benchmark_rows("bench_last", rows, out_dir=args.out_dir)
     print(f"\nwrote {path}")

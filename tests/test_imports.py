@@ -18,7 +18,7 @@ PKG = REPO / "pipeline_src"
 # top. Two leaf modules import nothing of the package and have their own entry: `methods.kinds`
 # (per-kind facts, torch-free: what plan knows of the method kinds) and `store.atomic`.
 LEAVES = ("methods.kinds", "store.atomic")
-LIBRARIES = {"taft", "last", "dp", "matching", "fusion"}
+LIBRARIES = {"taft", "last", "dp", "matching", "fusion", "optim"}
 ALLOWED: dict[str, set[str]] = {
     "methods.kinds": set(),
     "store.atomic": set(),

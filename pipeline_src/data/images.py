@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline_src.data.npy_rows import NpyWriter
-from pipeline_src.plan.samples import SampleList
+from pipeline_src.plan.dataset_layouts import SampleList
+from pipeline_src.plan.image_check import decode_errors
 
 CHUNK = 256  # images decoded and written at a time: prepare's memory is bounded by this, not the dataset
 
@@ -35,8 +36,9 @@ def decode_image(path: str, size: int, chans: int, sample_id: str) -> np.ndarray
     try:
         with Image.open(path) as im:
             arr = np.asarray(im.convert("L" if chans == 1 else "RGB").resize((size, size), Image.BILINEAR))
-    except OSError as e:
-        raise ValueError(f"sample {sample_id}: cannot read image {path}: {e}") from e
+    except decode_errors() as e:
+        raise ValueError(f"sample {sample_id}: cannot read image {path}: {type(e).__name__}: {e} "
+                         "(dataset.skip_corrupt: true skips such files)") from e
     return arr.reshape(size, size, chans).transpose(2, 0, 1)
 
 
@@ -84,8 +86,8 @@ def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
 
 
 def to_model_input(images: torch.Tensor, mean: list[float], std: list[float], dtype=torch.float32) -> torch.Tensor:
-    """uint8 images (N, C, H, W) → normalised float tensor for the backbone."""
+    """uint8 images (N, C, H, W) → normalised float tensor for the backbone, on their device."""
     x = images.to(dtype) / 255.0
-    mean_t = torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=dtype).view(1, -1, 1, 1)
+    mean_t = torch.tensor(mean, dtype=dtype, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=dtype, device=images.device).view(1, -1, 1, 1)
     return (x - mean_t) / std_t

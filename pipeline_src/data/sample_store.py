@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline_src.data.images import to_model_input
+from pipeline_src.data.loader import image_batches
 from pipeline_src.data.npy_rows import NpyRows
 
 IMAGES_FILE = "images.npy"
@@ -83,8 +84,10 @@ class SampleStore:
         return self.subset(self.ids(task, split))
 
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor], ids: list[str], mean: list[float], std: list[float],
-              device: torch.device | str = "cpu", batch_size: int = 256) -> torch.Tensor:
-        """`fn` on the normalised images of these samples, read and converted to float one batch at a time.
+              device: torch.device | str = "cpu", batch_size: int = 256, workers: int = 0,
+              autocast: bool = False) -> torch.Tensor:
+        """`fn` on the normalised images of these samples, read (`loader.py`) and converted to float
+        on `device` one batch at a time.
 
         Args:
             fn: model part, float (B, C, H, W) on `device` → tensor.
@@ -92,10 +95,15 @@ class SampleStore:
             mean, std: the backbone's normalisation.
             device: where `fn` runs.
             batch_size: images per batch.
+            workers: DataLoader workers reading the rows (`train.num_workers`).
+            autocast: run `fn` under bfloat16 autocast (CUDA only; `train.precision`); outputs are float32.
         """
         rows = self.rows(ids)
-        outs = [fn(to_model_input(self.image_rows(rows[i:i + batch_size]), mean, std).to(device, non_blocking=True))
-                for i in range(0, len(rows), batch_size)]
+        outs = []
+        for images in image_batches(self.image_array, rows, batch_size, device, workers):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                out = fn(to_model_input(images, mean, std))
+            outs.append(out.float() if autocast else out)
         if not outs:
             raise ValueError("SampleStore.apply: no samples")
         return torch.cat(outs)

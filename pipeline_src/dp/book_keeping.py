@@ -39,6 +39,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
+from pipeline_src.dp.module_type_registry import module_type_registrar
 from pipeline_src.dp.norm_samplers import _as_tokens, _layer_norm_types, linear_weight_sq_norm
 
 Clip = Callable[[torch.Tensor], dict[nn.Parameter, torch.Tensor]]
@@ -48,21 +49,8 @@ BkRule = Callable[[nn.Module, list[torch.Tensor], torch.Tensor], tuple[dict[nn.P
 BK_RULES: dict[type, BkRule] = {}
 
 
-def register_bk_rule(*module_types: type) -> Callable[[BkRule], BkRule]:
-    """Register `fn` as the book-keeping rule of the exact module types given.
-
-    Raises:
-        ValueError: a rule for one of the types is already registered.
-    """
-    def decorator(fn: BkRule) -> BkRule:
-        for t in module_types:
-            if t in BK_RULES:
-                raise ValueError(f"a book-keeping rule for {t.__module__}.{t.__qualname__} is already "
-                                 f"registered ({BK_RULES[t].__name__}); refusing duplicate {fn.__name__}")
-        for t in module_types:
-            BK_RULES[t] = fn
-        return fn
-    return decorator
+# register_bk_rule(*module_types): file a rule under exact module types; duplicates are refused.
+register_bk_rule = module_type_registrar(BK_RULES, "book-keeping rule")
 
 
 def _per_example_rule(per_ex: dict[nn.Parameter, torch.Tensor], norms: dict | None = None,

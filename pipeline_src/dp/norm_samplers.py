@@ -32,6 +32,7 @@ from opacus.grad_sample import GradSampleHooksFastGradientClipping, GradSampleMo
 from torch import nn
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
+from pipeline_src.dp.module_type_registry import module_type_registrar
 from pipeline_src.taft.jvp_layers import DeltaScale
 
 # fn(module, activations, backprops) -> {param: squared per-example norm, shape (B,)}
@@ -40,23 +41,9 @@ FAST_SQ_NORM_SAMPLERS: dict[type, SqNormFn] = {}
 LinearMethod = Literal["auto", "gram", "direct"]
 
 
-def register_fast_norm_sampler(*module_types: type) -> Callable[[SqNormFn], SqNormFn]:
-    """Register `fn` as the squared-norm sampler of the exact module types given.
-
-    Args:
-        module_types: module classes (matched by exact type, as Opacus does).
-    Raises:
-        ValueError: a sampler for one of the types is already registered.
-    """
-    def decorator(fn: SqNormFn) -> SqNormFn:
-        for t in module_types:
-            if t in FAST_SQ_NORM_SAMPLERS:
-                raise ValueError(f"a fast norm sampler for {t.__module__}.{t.__qualname__} is already "
-                                 f"registered ({FAST_SQ_NORM_SAMPLERS[t].__name__}); refusing duplicate {fn.__name__}")
-        for t in module_types:
-            FAST_SQ_NORM_SAMPLERS[t] = fn
-        return fn
-    return decorator
+# register_fast_norm_sampler(*module_types): file a squared-norm sampler under exact module
+# types (matched by exact type, as Opacus does); duplicates are refused.
+register_fast_norm_sampler = module_type_registrar(FAST_SQ_NORM_SAMPLERS, "fast norm sampler")
 
 
 def _as_tokens(t: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ PrivacyEngine and Poisson sampling, and four ways of clipping per-example gradie
   Large Model at Small Cost"): ONE backward pass to the trainable layers' outputs, the
   per-example norms from our per-layer rules, then Σ_i c_i ∇ℓ_i formed per layer from the
   recorded activations and the rescaled output gradients (`book_keeping`). Opacus'
-  DPOptimizer (noise, scaling), accountant and Poisson DPDataLoader do the rest.
+  accountant and Poisson DPDataLoader do the rest, with its fast-clipping DPOptimizer drawing
+  the noise once per step over a flat buffer (`flat_noise`).
 - "fast": ghost clipping with our norm samplers (Gram/direct Linear forms, vector fast
   path, LayerNorm and AdditiveDelta rules; Lee & Kifer 2021, "Scaling up differentially
   private deep learning with fast per-example gradient clipping"; Li et al. 2022 ghost
@@ -30,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import plan_budget
+from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.secret_randomness import secret_generator
 from pipeline_src.plan.sharding import NEIGHBOURING
@@ -81,10 +83,12 @@ def _make_private_bk(engine: PrivacyEngine, model: nn.Module, optimizer: torch.o
     dp_loader = engine._prepare_data_loader(loader, distributed=False, poisson_sampling=True, batch_first=True)
     sample_rate = 1 / len(dp_loader)
     expected_batch_size = int(len(dp_loader.dataset) * sample_rate)
-    dp_opt = engine._prepare_optimizer(optimizer=optimizer, noise_multiplier=sigma, max_grad_norm=max_grad_norm,
-                                       expected_batch_size=expected_batch_size, loss_reduction="mean",
-                                       noise_generator=noise_generator, distributed=False, clipping="flat",
-                                       grad_sample_mode="ghost")
+    # Opacus' _prepare_optimizer for ghost mode builds DPOptimizerFastGradientClipping; ours draws the
+    # noise once per step over a flat buffer (`flat_noise.py`), from the same generator.
+    dp_opt = FlatNoiseDPOptimizer(optimizer=optimizer, noise_multiplier=sigma, max_grad_norm=max_grad_norm,
+                                  expected_batch_size=expected_batch_size, loss_reduction="mean",
+                                  generator=engine.secure_rng if engine.secure_mode else noise_generator,
+                                  secure_mode=engine.secure_mode)
     dp_opt.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
     return module, dp_opt, dp_loader
 

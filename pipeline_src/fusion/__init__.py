@@ -9,7 +9,7 @@ Each works on state dicts with or without prior matching (`pipeline_src.matching
 from pipeline_src.fusion.fisher import diagonal_fisher, fisher_merge
 from pipeline_src.fusion.registry import FUSION_METHODS, fuse, register
 from pipeline_src.fusion.regmean import linear_input_grams, regmean_merge
-from pipeline_src.fusion.soup import average_state_dicts
+from pipeline_src.fusion.soup import weighted_average
 
-__all__ = ["average_state_dicts", "diagonal_fisher", "fisher_merge", "linear_input_grams", "regmean_merge",
+__all__ = ["weighted_average", "diagonal_fisher", "fisher_merge", "linear_input_grams", "regmean_merge",
            "FUSION_METHODS", "fuse", "register"]

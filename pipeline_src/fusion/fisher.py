@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from pipeline_src.fusion.soup import average_state_dicts, check_same_keys
+from pipeline_src.fusion.soup import check_same_keys, weighted_average
 
 
 def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor | None = None,
@@ -95,7 +95,7 @@ def fisher_merge(sds: list[dict], fishers: list[dict], eps: float = 1e-8) -> dic
                 raise ValueError(f"fisher: Fisher key '{k}' missing from the state dicts or of another shape")
     if eps < 0:
         raise ValueError(f"fisher: eps={eps} must be >= 0")
-    out = average_state_dicts(sds, keys=set(sds[0]) - keys)
+    out = weighted_average(sds, keys=set(sds[0]) - keys)
     for k in keys:
         ref = sds[0][k]
         num, den = torch.zeros_like(ref), torch.zeros_like(ref)

@@ -15,7 +15,7 @@ from torch import nn
 
 from pipeline_src.fusion.fisher import diagonal_fisher, fisher_merge
 from pipeline_src.fusion.regmean import linear_input_grams, regmean_merge
-from pipeline_src.fusion.soup import average_state_dicts
+from pipeline_src.fusion.soup import weighted_average
 
 Data = tuple[torch.Tensor, "torch.Tensor | None"]
 FusionFn = Callable[..., dict]
@@ -48,7 +48,7 @@ def _per_model(sds: list[dict], model: nn.Module | None, data: list[Data] | None
 
 @register("soup")
 def _soup(sds: list[dict], *, model=None, data=None, batch_size: int = 64, weights: list[float] | None = None) -> dict:
-    return average_state_dicts(sds, weights)
+    return weighted_average(sds, weights)
 
 
 @register("fisher")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline_src.fusion.soup import average_state_dicts, check_same_keys
+from pipeline_src.fusion.soup import check_same_keys, weighted_average
 
 
 def linear_input_grams(model: nn.Module, inputs: torch.Tensor, batch_size: int = 64) -> dict[str, torch.Tensor]:
@@ -108,6 +108,6 @@ def regmean_merge(sds: list[dict], grams: list[dict[str, torch.Tensor]], alpha: 
         solved[wkey] = sol[:, :ref.shape[1]].to(ref.device, ref.dtype).contiguous()
         if use_bias:
             solved[bkey] = sol[:, -1].to(ref.device, ref.dtype).contiguous()
-    out = average_state_dicts(sds, keys=set(sds[0]) - set(solved))
+    out = weighted_average(sds, keys=set(sds[0]) - set(solved))
     out.update(solved)
     return {k: out[k] for k in sds[0]}

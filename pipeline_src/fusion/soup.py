@@ -6,6 +6,8 @@ from different random inits should be matched to an anchor first (`pipeline_src.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -23,34 +25,42 @@ def check_same_keys(sds: list[dict], what: str = "soup") -> None:
                                  f"{tuple(sds[0][k].shape)} in state dict 0")
 
 
-def average_state_dicts(sds: list[dict], weights: list[float] | None = None,
-                        keys: set[str] | None = None) -> dict:
-    """Weighted average Σ w_i·θ_i / Σ w_i of every floating-point entry.
+def weighted_average(sds: Sequence[dict], weights: Sequence[float] | None = None, *, normalize: bool = True,
+                     keys: set[str] | None = None, what: str = "soup") -> dict:
+    """The one weighted average of state dicts in this project: soups, TAFT compositions, merges.
+
+    Each floating-point entry is Σ_i w_i·θ_i, accumulated in float64 and cast back to the
+    first state dict's dtype (so the result does not depend on the component order beyond
+    float64 rounding). Non-floating entries (integer counters) must be equal; they are copied.
 
     Args:
         sds: state dicts with equal keys and shapes.
-        weights: one non-negative weight per state dict (default: uniform).
+        weights: one weight per state dict (default: uniform).
+        normalize: divide by Σ w_i (weights must then be non-negative with a positive sum);
+            False gives the plain weighted sum TAFT's composition and subtraction use, where a
+            weight may be anything (`taft.compose.compose_deltas`).
         keys: average only these entries (others are left out of the result); default all.
-
-    Non-floating entries (e.g. integer counters) must be equal across models; they are copied.
+        what: the caller's name, for error messages.
     """
-    check_same_keys(sds)
-    if weights is None:
-        weights = [1.0] * len(sds)
-    if len(weights) != len(sds) or min(weights) < 0 or sum(weights) <= 0:
-        raise ValueError(f"soup: need {len(sds)} non-negative weights with a positive sum, got {weights}")
-    total = float(sum(weights))
+    check_same_keys(list(sds), what)
+    weights = [1.0] * len(sds) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(sds):
+        raise ValueError(f"{what}: {len(weights)} weights for {len(sds)} state dicts")
+    if normalize:
+        if min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(f"{what}: need {len(sds)} non-negative weights with a positive sum, got {weights}")
+        weights = [w / sum(weights) for w in weights]
     out = {}
     for k, ref in sds[0].items():
         if keys is not None and k not in keys:
             continue
         if not ref.is_floating_point():
             if any(not torch.equal(sd[k], ref) for sd in sds[1:]):
-                raise ValueError(f"soup: non-float entry '{k}' differs between models; cannot average")
+                raise ValueError(f"{what}: non-float entry '{k}' differs between models; cannot average")
             out[k] = ref.clone()
             continue
-        acc = torch.zeros_like(ref)
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
         for w, sd in zip(weights, sds):
-            acc += (w / total) * sd[k].to(ref.device, ref.dtype)
-        out[k] = acc
+            acc.add_(sd[k].to(ref.device, torch.float64), alpha=w)
+        out[k] = acc.to(ref.dtype)
     return out

@@ -19,7 +19,6 @@ formula) so a grid member equals the same member trained alone by `train_side_ne
 from __future__ import annotations
 
 import copy
-import math
 from typing import Mapping
 
 import torch
@@ -31,8 +30,6 @@ from torch.func import stack_module_state
 from pipeline_src.last.features import feature_keys, side_inputs
 from pipeline_src.last.low_rank_stream import stacked_logits
 from pipeline_src.last.train import (
-    ADAM_BETAS,
-    ADAM_EPS,
     ARCH_KEYS,
     Progress,
     batch_order,
@@ -40,6 +37,7 @@ from pipeline_src.last.train import (
     check_dataset,
     normalize_member,
 )
+from pipeline_src.optim.stacked_adamw import stacked_adamw_
 from pipeline_src.plan.schedule import lr_factor
 
 
@@ -79,15 +77,8 @@ class _Group:
         # Members are independent, so d(sum of losses)/d(member j) = d(loss_j)/d(member j).
         (grad,) = torch.autograd.grad(losses.sum(), [self.flat])  # (M, P)
         self.t += 1
-        b1, b2 = ADAM_BETAS
-        bc1, bc2_sqrt = 1 - b1 ** self.t, math.sqrt(1 - b2 ** self.t)
-        with torch.no_grad():  # torch.optim.AdamW's single-tensor formula, lr and wd per member (row)
-            p, m, v, lr = self.flat, self.exp_avg, self.exp_avg_sq, self.lr * self.lr_factor
-            p.mul_(1 - lr * self.wd)  # decoupled weight decay
-            m.lerp_(grad, 1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
-            p.sub_((lr / bc1) * m / denom)
+        stacked_adamw_(self.flat, grad, self.exp_avg, self.exp_avg_sq, self.t, self.lr * self.lr_factor,
+                       self.wd)
         return losses.detach()
 
     def state_dicts(self) -> list[dict[str, Tensor]]:

@@ -21,8 +21,9 @@ LayerNorm and down-projection of x for one module (A = [A_Q; A_K; A_V], a its bi
     A·LN(x) + a = [(A diag γ) S̃ + (A diag γ W̃) c] / sqrt(var + eps) + (A β + a)
 The two products with the D-wide shared S̃, (A diag γ)·S̃ and S̃ᵀW̃, are ONE matmul for the whole
 grid (S̃ against every network's [A diag γ; W̃ᵀ] stacked); all else is K or r wide per network,
-so no network keeps a D-wide tensor for backward. Attention is SDPA over the M·B (network,
-sample) pairs. The representation u_m − Σ_{i<m} z_i = z_m + W c (S_m + W c without bias
+so no network keeps a D-wide tensor for backward. Attention runs over the M·B (network,
+sample) pairs by the path measured fastest on the device (`small_head_attention.py`).
+The representation u_m − Σ_{i<m} z_i = z_m + W c (S_m + W c without bias
 correction) is formed D-wide only for the tokens the head reads when pooling commutes with the
 final norm ('token' pooling; 'avg' with no pre-pool norm), otherwise in full, once.
 
@@ -39,12 +40,12 @@ from typing import Mapping
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.models.vision_transformer import global_pool_nlc
 from torch import Tensor
 from torch.func import functional_call, vmap
 
 from pipeline_src.last.side_network import LowRankSelfAttention, SideNetwork
+from pipeline_src.last.small_head_attention import attention
 
 
 def _sub(params: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -88,7 +89,7 @@ def _lsa_attention(lsa: LowRankSelfAttention, p: Mapping[str, Tensor], s_c: Tens
         return t.reshape(n_net * bsz, n_tok, lsa.heads, lsa.head_dim).transpose(1, 2)
 
     q, k_, v = (heads(t) for t in qkv.split(lsa.rank, -1))
-    o = F.scaled_dot_product_attention(q, k_, v, scale=lsa.scale)  # (M·B, n, N, r/n)
+    o = attention(q, k_, v, lsa.scale)  # (M·B, n, N, r/n); SDPA or bmm by device (small_head_attention.py)
     return o.transpose(1, 2).reshape(n_net, bsz, n_tok, lsa.rank)
 
 

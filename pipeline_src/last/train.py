@@ -22,6 +22,7 @@ from torch import Tensor
 
 from pipeline_src.last.features import side_inputs
 from pipeline_src.last.side_network import SideNetwork
+from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
 from pipeline_src.plan.schedule import apply_schedule
 
 MEMBER_DEFAULTS: dict = {
@@ -31,8 +32,6 @@ MEMBER_DEFAULTS: dict = {
 REQUIRED_KEYS = ("rank", "heads")
 # Members sharing these values have identical parameter shapes and forward: one stacked group (`grid.py`).
 ARCH_KEYS = ("rank", "heads", "every", "modules_per_block", "bias_correction", "qkv_bias", "proj_bias", "ffn_hidden")
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
 
 Progress = Callable[[int, int, Tensor], None]  # (epoch, step, per-member losses) -> None
 

@@ -36,7 +36,12 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
 CANDIDATES = 48  # per-row candidates: one round on random ViT-B weights (32 often needs two)
-DENSE_BELOW = 2048  # below this size the dense solver is as fast (and releases the GIL)
+# Below this size scipy's dense solver is faster. Measured on FFN similarities of random timm ViT
+# blocks (hidden = 4 x embed), one thread, process CPU time, medians of 5-7 interleaved runs, this
+# 2-core machine under load (benchmarks/bench_matching.py --threshold): dense / sparse time =
+# 0.59 (n 256), 0.56 (384), 0.71-0.72 (512), 0.79 (640), 1.13-1.26 (768), 1.60 (1024), 2.10 (1536),
+# 2.87 (2048), 4.24 (3072). It was 2048, which sent ViT-S (1536) to the 2x slower dense solver.
+DENSE_BELOW = 768
 CHECK_CHUNK = 1 << 22  # entries of S checked per step of the certificate (bounds temporary memory)
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from pipeline_src.data.throughput import Throughput
 from pipeline_src.data.vit_parts import reset_head
 from pipeline_src.last.features import extract_features
 from pipeline_src.last.train import build_side_network, train_side_network
@@ -124,10 +125,11 @@ def build_taft(model: VisionTransformer, cfg: dict) -> TangentTuned:
 
 def train_taft(model: TangentTuned, features, labels, settings: dict, seed: int, desc: str) -> dict:
     o = taft_options(settings["method"])
+    meter = Throughput(desc)
     out = train_tangent(model, features, labels, epochs=settings["epochs"], batch_size=settings["batch_size"],
                         lr=settings["lr"], weight_decay_l2=o["l2"], loss=o["loss"], alpha=o["alpha"],
                         kappa=o["kappa"], radius=o["radius"], seed=seed, schedule=settings.get("schedule"),
-                        progress=lambda e, loss: print(f"{desc}: epoch {e + 1} loss {loss:.4f}", flush=True))
+                        progress=lambda e, loss: meter.epoch(e, settings["epochs"], len(labels), loss))
     return {"train_loss": out["loss_history"][-1], "steps": out["steps"], "linearization_id": model.linearization_id()}
 
 
@@ -190,9 +192,15 @@ class SideTuned(nn.Module):
 def train_last(model: SideTuned, features, labels, settings: dict, seed: int, desc: str) -> dict:
     member = {**model.member, "lr": settings["lr"], "weight_decay": settings["weight_decay"]}
     feats = {f"z{b}": features[:, j] for j, b in enumerate(model.cache_blocks)}
+    meter, steps_per_epoch = Throughput(desc), -(-len(labels) // settings["batch_size"])
+
+    def progress(epoch: int, step: int, loss: torch.Tensor) -> None:
+        if (step + 1) % steps_per_epoch == 0:  # an epoch's last step (the loss is that batch's)
+            meter.epoch(epoch, settings["epochs"], len(labels), loss.item())
+
     state = train_side_network(model.backbone, feats, labels, member, num_classes=model.backbone.num_classes,
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
-                               progress=lambda e, step, loss: None, schedule=settings.get("schedule"))
+                               progress=progress, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
     with torch.no_grad():
         loss = F.cross_entropy(model.forward_from_prefix(features[:512]), labels[:512]).item()

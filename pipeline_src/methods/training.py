@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from pipeline_src.data.throughput import Throughput
 from pipeline_src.plan.schedule import apply_schedule
 
 
@@ -39,11 +40,12 @@ def fit(
     Args:
         forward: maps a batch of `inputs` to logits.
         params: the parameters to train (everything else is frozen).
-        inputs, labels: the whole training set, already on the training device.
+        inputs, labels: the whole training set, already on the training device (or inputs made per
+            batch: anything with `len`, `device` and `inputs[idx]`, e.g. `data.augment.AugmentedInputs`).
         seed: seeds the batch order (a generator of its own, so no global RNG is touched).
         schedule: `train.schedule` (`plan/schedule.py`), applied per optimizer step; None: constant.
     Returns:
-        The last epoch's mean loss and the wall time.
+        The last epoch's mean loss and the wall time (each epoch's loss and images/s are printed).
     """
     if len(inputs) == 0:
         raise ValueError(f"{desc}: no training samples")
@@ -54,7 +56,8 @@ def fit(
     bar = tqdm(total=epochs * steps_per_epoch, desc=desc, file=sys.stderr, mininterval=2.0, disable=None)
     epoch_loss = float("nan")
     step = 0
-    for _ in range(epochs):
+    meter = Throughput(desc)
+    for epoch in range(epochs):
         order = torch.randperm(len(inputs), generator=gen).to(inputs.device)
         total = 0.0
         for start in range(0, len(inputs), batch_size):
@@ -69,6 +72,7 @@ def fit(
             bar.update(1)
         epoch_loss = total / len(inputs)
         bar.set_postfix(loss=f"{epoch_loss:.4f}")
+        meter.epoch(epoch, epochs, len(inputs), epoch_loss)
     bar.close()
     return {"train_loss": epoch_loss, "train_seconds": time.perf_counter() - t0}
 

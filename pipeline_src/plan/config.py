@@ -13,9 +13,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pipeline_src.methods.kinds import method_errors
+from pipeline_src.methods.kinds import feature_cache, kind_of, method_errors
 from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
+from pipeline_src.plan.dataset_layouts import MANIFEST_SUFFIXES
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.feature_budget import budget_report
 from pipeline_src.plan.forget import check_forget_section
@@ -128,9 +129,10 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
     if cfg["backbone"]["source"] != "pretrain":
         _check_external_backbone(cfg["backbone"])
     if cfg["dataset"]["source"] == "imagefolder":
-        root = cfg["dataset"]["path"]
-        if not root or not Path(root).is_dir():
-            raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {root}")
+        _check_dataset_path(cfg["dataset"], cache_dir)
+    elif cfg["dataset"]["layout"] != "folders" or cfg["dataset"]["skip_corrupt"]:
+        key = "layout" if cfg["dataset"]["layout"] != "folders" else "skip_corrupt"
+        raise ConfigError(f"config key 'dataset.{key}': only for dataset.source 'imagefolder'")
     kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
     shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule"}
     for key, message in schedule_errors(cfg["train"]["schedule"], cfg["train"]["epochs"]):
@@ -146,6 +148,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
                 raise ConfigError(f"config key '{key}': {message} (methods.{name} trains {epochs} epochs)")
         for key, message in method_errors(name, method, depth if cfg["backbone"]["source"] == "pretrain" else None):
             raise ConfigError(f"config key '{key}': {message}")
+    _check_augment(cfg)
     # Each study checks its own section and raises ConfigError naming <section>.<key>.
     check_fusion_config(cfg)
     check_last_grid_config(cfg)
@@ -163,6 +166,38 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         _check_no_empty_shard(cfg)
         check_cache_budget(cfg)
     check_privacy_config(cfg, n_train, cache_dir)
+
+
+def _check_augment(cfg: dict) -> None:
+    """`train.augment` needs methods that train from images, one batch at a time."""
+    if not cfg["train"]["augment"]["enabled"]:
+        return
+    for name, method in cfg["methods"].items():
+        kind = kind_of(method)
+        if kind.side:
+            raise ConfigError(f"config key 'train.augment.enabled': methods.{name} (last) trains from the frozen "
+                              "block outputs of the whole shard, which augmentation cannot replace per batch")
+        if method.get("vectorized_shards"):
+            raise ConfigError(f"config key 'train.augment.enabled': methods.{name}.vectorized_shards trains from "
+                              "precomputed features; set vectorized_shards: false")
+        if cfg["features"]["cache"] and feature_cache(method) is not None:
+            raise ConfigError(f"config key 'train.augment.enabled': methods.{name} trains from the cached features "
+                              f"'{feature_cache(method)}', computed once without augmentation; "
+                              "set features.cache: false")
+
+
+def _check_dataset_path(dataset_cfg: dict, cache_dir: str | Path | None) -> None:
+    from pipeline_src.plan.image_check import use_cache_dir
+
+    use_cache_dir(cache_dir)  # skip_corrupt's per-file verdicts live beside the other parse-time values
+    path, layout = dataset_cfg["path"], dataset_cfg["layout"]
+    if layout == "manifest":
+        if not path or not Path(path).is_file():
+            raise ConfigError(f"config key 'dataset.path': manifest file not found: {path}")
+        if Path(path).suffix.lower() not in MANIFEST_SUFFIXES:
+            raise ConfigError(f"config key 'dataset.path': a manifest is a {' or '.join(MANIFEST_SUFFIXES)} file: {path}")
+    elif not path or not Path(path).is_dir():
+        raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {path}")
 
 
 def check_cache_budget(cfg: dict) -> list[str]:

@@ -2,26 +2,26 @@
 
 Two sources share one code path after listing:
 - `digits`: scikit-learn's `load_digits` (ships with the package, so the default runs offline);
-- `imagefolder`: a tree `root/<class>/<image>` on disk, as torchvision's ImageFolder.
+- `imagefolder`: image files on disk, in one of the layouts of `dataset_layouts.py` (class
+  folders, split folders, or a CSV/Parquet manifest).
 
 Classes in `dataset.source_classes` form the *source* task (used to pretrain the embedded
 backbone); the remaining classes, relabelled 0..K-1 in sorted order, form the *target* task
-that every fine-tuning method trains on. Splits come from a keyed hash of each sample id (seeded,
-stratified in expectation), so the same config always gives the same table and new samples
-never move old ones.
+that every fine-tuning method trains on. Splits are the layout's own when it gives them, else
+they come from a keyed hash of each sample id (seeded, stratified in expectation), so the same
+config always gives the same table and new samples never move old ones.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_splits
+from pipeline_src.plan.image_check import drop_corrupt
 from pipeline_src.plan.sharding import keyed_unit
-
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 SAMPLES_SCHEMA = pa.schema([
     ("sample_id", pa.string()),    # stable: "<source>/<class>/<index or file name>"
@@ -31,17 +31,6 @@ SAMPLES_SCHEMA = pa.schema([
     ("label", pa.int64()),         # label within its task
     ("class_name", pa.string()),
 ])
-
-
-@dataclass
-class SampleList:
-    """Samples before images are decoded."""
-
-    sample_ids: list[str]
-    class_names: list[str]      # per sample
-    paths: list[str] | None     # per sample, for image files
-    skipped: list[str] = field(default_factory=list)       # files that are not images (by suffix)
-    empty_classes: list[str] = field(default_factory=list)  # class folders without an image
 
 
 def digits_labels() -> list[int]:
@@ -59,32 +48,23 @@ def digits_labels() -> list[int]:
 
 
 def list_samples(dataset_cfg: dict) -> SampleList:
-    """List sample ids and classes without decoding any image."""
+    """List sample ids and classes without decoding any image (`dataset_layouts.py` for the
+    layouts on disk); with `dataset.skip_corrupt`, images that do not decode are dropped
+    (`image_check.py`)."""
     if dataset_cfg["source"] == "digits":
         y = digits_labels()
         return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None)
-    root = Path(dataset_cfg["path"])
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    if not classes:
-        raise ValueError(f"dataset.path {root}: no class folders found")
-    ids, names, paths = [], [], []
-    skipped = [str(f) for f in sorted(root.iterdir()) if f.is_file()]  # beside the class folders
-    empty = []
-    for c in classes:
-        files = [f for f in sorted((root / c).rglob("*")) if f.is_file()]
-        images = [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES]
-        skipped += [str(f) for f in files if f.suffix.lower() not in IMAGE_SUFFIXES]
-        if not images:
-            empty.append(c)
-        for f in images:
-            ids.append(f"{root.name}/{c}/{f.relative_to(root / c).as_posix()}")
-            names.append(c)
-            paths.append(str(f))
-    if empty and not dataset_cfg.get("allow_empty_classes", False):
-        # Dropping it silently would change the label count, and every label after it.
-        raise ValueError(f"config key 'dataset.path': class folders without images in {root}: {empty} "
-                         "(set dataset.allow_empty_classes: true to drop them)")
-    return SampleList(ids, names, paths, skipped, empty)
+    samples = LAYOUTS[dataset_cfg.get("layout", "folders")](dataset_cfg)
+    if dataset_cfg.get("skip_corrupt", False):
+        before = set(samples.class_names)
+        samples = drop_corrupt(samples)
+        gone = sorted(before - set(samples.class_names))
+        if gone and not dataset_cfg.get("allow_empty_classes", False):  # as an empty class folder
+            raise ValueError(f"config key 'dataset.skip_corrupt': every image of classes {gone} is corrupt "
+                             "(set dataset.allow_empty_classes: true to drop them)")
+        samples.empty_classes += gone
+    check_given_splits(samples, dataset_cfg["path"])
+    return samples
 
 
 def _class_order(names: list[str]) -> list[str]:
@@ -96,7 +76,8 @@ def _class_order(names: list[str]) -> list[str]:
 def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table:
     """Build the samples table: task, split and label per sample.
 
-    The split of a sample is a function of its own id: u = keyed_unit(id, 'split/<seed>'),
+    Splits given by the layout (`samples.splits`) are used as they are. Otherwise the split of a
+    sample is a function of its own id: u = keyed_unit(id, 'split/<seed>'),
     test if u < test_fraction, val if u < test_fraction + val_fraction, else train. So the
     fractions hold per class in expectation, and adding or removing a sample never moves
     another one between splits (or shards: `sharding`).
@@ -112,8 +93,11 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
     task = np.array(["source" if c in source else "target" for c in samples.class_names])
     test_end = dataset_cfg["test_fraction"]
     val_end = test_end + dataset_cfg["val_fraction"]
-    u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
-    split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
+    if samples.splits is not None:  # the layout's own splits, used as given
+        split = np.array(samples.splits, dtype=object)
+    else:
+        u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
+        split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     label = [labels_of[t][c] for t, c in zip(task, samples.class_names)]
     return pa.Table.from_pydict({
         "sample_id": samples.sample_ids,
@@ -143,8 +127,14 @@ def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> 
         if n_classes:
             counts = "/".join(str(sum(r == (task, s) for r in rows)) for s in ("train", "val", "test"))
             parts.append(f"{task} {n_classes} classes, train/val/test {counts} images")
-    line = f"dataset {dataset_cfg['source']}: {len(set(samples.class_names))} classes; " + "; ".join(parts)
-    if samples.paths is not None:
+    layout = dataset_cfg.get("layout", "folders")
+    name = dataset_cfg["source"] + ("" if samples.paths is None or layout == "folders" else f" ({layout})")
+    line = f"dataset {name}: {len(set(samples.class_names))} classes; " + "; ".join(parts)
+    if samples.splits is not None:
+        line += "; splits as given"
+    if samples.corrupt:
+        line += f"; {len(samples.corrupt)} corrupt images skipped (e.g. {samples.corrupt[0][0]})"
+    if samples.paths is not None and layout != "manifest":
         line += f"; {len(samples.skipped)} non-image files skipped"
         if samples.skipped:
             line += f" (e.g. {samples.skipped[0]})"

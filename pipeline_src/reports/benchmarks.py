@@ -8,7 +8,8 @@ See pipeline_src/reports/report.py for the report interface. Every report reads 
     non-private step, per clipping mode and case (table + PNG, pure-FC cases included);
   * TAFT (bench_taft): tangent forward vs plain forward vs torch.func.jvp;
   * matching (bench_matching): time per model pair vs parameter count (table + PNG);
-  * unlearning (unlearning): speedup of retrain-shard over the paragon per shard count N.
+  * unlearning (unlearning): speedup of retrain-shard over the paragon per shard count N;
+  * goals (`benchmark_goals.py`): every tracked ratio beside its goal and its floor.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pipeline_src.reports.benchmark_goals import goal_lines  # noqa: E402
 from pipeline_src.reports.files import save_png as _save_png  # noqa: E402
 from pipeline_src.store.atomic import write_text  # noqa: E402
 
@@ -224,10 +226,23 @@ def unlearning_speedup(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Pa
                  "Unlearning: wall-time speedup of retrain-shard over the paragon (forget one sample)")
 
 
+
+def bench_goals(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """bench_goals.{md,csv}: each ratio beside its goal and its floor, one table per device."""
+    rows = {name: _rows(con, name) for name in ("bench_taft", "bench_last", "bench_dp", "bench_matching")}
+    t = goal_lines(rows, dp_ratios)
+    if t.empty:
+        return []
+    return _save([(d, g) for d, g in t.groupby("device", sort=True)], out_dir, "bench_goals",
+                 "Benchmark ratios beside their goals and floors (newest rows; floor: the arithmetic bound where "
+                 "one exists; reference: the paper's figure)")
+
+
 REPORTS: dict = {
     "bench_last_table7": last_table7,
     "bench_dp_figure": dp_figure,
     "bench_taft_ratios": taft_ratios,
     "bench_matching_scaling": matching_scaling,
     "bench_unlearning_speedup": unlearning_speedup,
+    "bench_goals": bench_goals,
 }

@@ -89,10 +89,10 @@ def serve(path: Path) -> None:
     try:
         while True:
             ready, _, _ = select.select([server, *jobs.values()], [], [], 1.0)
+            died = 0
             for pid in list(jobs):  # reap finished children; closing tells a client whose child died
                 if os.waitpid(pid, os.WNOHANG)[0]:
-                    jobs.pop(pid).close()
-            died = 0
+                    died += _client_gone(jobs.pop(pid))
             for pid in [pid for pid, conn in jobs.items() if conn in ready]:
                 conn = jobs.pop(pid)
                 try:
@@ -115,8 +115,10 @@ def serve(path: Path) -> None:
                     conn.settimeout(10.0)
                     request = _recv(conn)
                     conn.settimeout(None)
-                except (OSError, ConnectionError):
+                except (OSError, ConnectionError):  # the client died while asking: the run was killed
                     conn.close()
+                    if not jobs:
+                        break
                     continue
                 pid = os.fork()
                 if pid == 0:
@@ -131,6 +133,20 @@ def serve(path: Path) -> None:
     finally:
         if path.exists():
             path.unlink()
+
+
+def _client_gone(conn: socket.socket) -> int:
+    """Close the connection of a job that ended by itself; 1 if its client had died meanwhile
+    (EOF without `_DONE`: a killed run), else 0."""
+    try:
+        conn.setblocking(False)
+        got = conn.recv(1)
+    except BlockingIOError:  # the client is alive, still reading the exit status
+        got = _DONE
+    except OSError:  # reset
+        got = b""
+    conn.close()
+    return int(got != _DONE)
 
 
 def _child(conn: socket.socket, request: dict) -> None:

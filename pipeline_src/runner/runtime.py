@@ -24,3 +24,9 @@ def set_up_job(threads: int, seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether a job runs its model under bfloat16 autocast: `train.precision: bfloat16` on CUDA.
+    On the CPU it stays float32, so CPU results never depend on the setting."""
+    return precision == "bfloat16" and device.type == "cuda"

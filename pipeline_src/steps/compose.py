@@ -6,7 +6,7 @@ in Δw); the components must share one linearization point, and are refused othe
 """
 from __future__ import annotations
 
-from pipeline_src.methods.composition import average_states
+from pipeline_src.fusion.soup import weighted_average
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.model_io import load_model, save_model
@@ -33,7 +33,7 @@ def main(args: StepArgs) -> None:
         check_same_linearization([r["linearization_id"] for r in records])
         state = compose_deltas(states, weights)
     else:
-        state = average_states(states, weights)
+        state = weighted_average(states, weights)
     record = {
         "kind": "composed", "composition": "soup", "method": first["method"], "method_config": first["method_config"],
         "experiment": first["experiment"], "shards": first["shards"], "seed": first["seed"],

@@ -34,7 +34,7 @@ def main(args: StepArgs) -> None:
         model.to(device).eval()
         with torch.no_grad():  # images are read from the store and converted one batch at a time
             all_logits.append(store.apply(lambda x, m=model: m(x).cpu(), test.ids, backbone_record["mean"],
-                                          backbone_record["std"], device))
+                                          backbone_record["std"], device, workers=cfg["train"]["num_workers"]))
     logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
     values = classification_metrics(logits, test.labels)
     if len(args.input.models) == 1:

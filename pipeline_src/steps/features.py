@@ -16,11 +16,13 @@ import torch
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import FeatureCache, FeatureCacheWriter
 from pipeline_src.data.images import to_model_input
+from pipeline_src.data.loader import image_batches
 from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.throughput import Throughput
 from pipeline_src.data.vit_parts import vit_prefix
 from pipeline_src.last.features import extract_features
 from pipeline_src.plan.feature_budget import kept_blocks
-from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
 
 BATCH = 128
@@ -44,15 +46,20 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     n = len(store.image_array)
     dtype = args.params.get("dtype") or cfg["features"]["dtype"]
+    bf16 = use_bf16(args.params.get("precision") or cfg["train"]["precision"], device)
+    batches = image_batches(store.image_array, range(n), BATCH, device, cfg["train"]["num_workers"])
     writer = None
+    meter = Throughput(f"features '{cache}'")
     try:
         with torch.no_grad():
-            for s in range(0, n, BATCH):
-                x = to_model_input(store.image_rows(range(s, min(n, s + BATCH))), record["mean"], record["std"])
-                h = fn(x.to(device, non_blocking=True)).cpu()  # row i = samples row i
+            for k, images in enumerate(batches):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                    h = fn(to_model_input(images, record["mean"], record["std"]))
+                h = h.float().cpu()  # row k * BATCH + i = samples row k * BATCH + i
                 if writer is None:
                     writer = FeatureCacheWriter(args.output.features, (n, *h.shape[1:]), dtype, meta)
-                writer.write(s, h)
+                writer.write(k * BATCH, h)
+                meter.add(len(h))
         if writer is None:
             raise ValueError(f"features '{cache}': the prepared dataset {args.input.samples} has no samples")
         writer.close()
@@ -60,6 +67,7 @@ def main(args: StepArgs) -> None:
         if writer is not None:
             writer.abort()
         raise
+    meter.report()
     print(f"cached features '{cache}': {tuple(writer.shape)} {dtype}"
           + (f", blocks {meta['blocks']}" if "blocks" in meta else ""))
 

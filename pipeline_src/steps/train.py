@@ -8,21 +8,18 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from pipeline_src.data.augment import AugmentedInputs, train_transform
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
+from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.plan.sharding import shard_ids
-from pipeline_src.runner.runtime import resolve_device, set_up_job
+from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.features import load_rows
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.provenance import state_digest
-
-
-def train_settings(cfg: dict, method_cfg: dict) -> dict:
-    """The study's `train:` settings, overridden by the method's own keys."""
-    return {k: method_cfg.get(k, v) for k, v in cfg["train"].items()}
 
 
 def shard_seed(seed: int, shard: int) -> int:
@@ -47,6 +44,7 @@ class TrainingJob:
     manifest: object
     num_classes: int
     head_seed: int
+    bf16: bool = False  # bfloat16 autocast of the frozen prefix (train.precision; never for DP jobs)
 
     def new_model(self) -> TunedModel:
         return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.head_seed).to(self.device)
@@ -76,16 +74,29 @@ class TrainingJob:
         else:
             fn = model.prefix if blocks is None else (lambda x: model.prefix_blocks(x, blocks))
             features = self.store.apply(fn, ids, self.backbone_record["mean"], self.backbone_record["std"],
-                                        self.device)
+                                        self.device, workers=self.settings["num_workers"], autocast=self.bf16)
         return ids, features, data.labels.to(self.device)
 
-    def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str) -> None:
+    def augmented_data(self, model: TunedModel, shard: int, seed: int) -> tuple[list[str], AugmentedInputs, torch.Tensor]:
+        """(ids, prefix features made per batch from augmented images, labels) of one shard (`train.augment`)."""
+        ids = shard_ids(self.manifest, shard)
+        rec, dataset = self.backbone_record, self.args.config["dataset"]
+        transform = train_transform(self.settings["augment"], dataset["img_size"], dataset["in_chans"], rec["mean"],
+                                    rec["std"])
+        inputs = AugmentedInputs(self.store, ids, transform, model.prefix, self.device, seed,
+                                 self.settings["num_workers"], self.bf16, order_seed=seed,
+                                 batch_size=self.settings["batch_size"])  # fit's and TAFT's shuffling
+        return ids, inputs, self.store.subset(ids).labels.to(self.device)
+
+    def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str,
+             extra: dict | None = None) -> None:
+        """Write one shard model and its record (config, sample ids, seeds; `extra` adds keys)."""
         record = {
             "kind": "trained", "method": self.name, "method_config": self.method_cfg, "train_settings": self.settings,
             "experiment": self.args.config["experiment"], "shards": self.shards, "shard_id": shard, "seed": self.seed,
             "head_seed": self.head_seed, "num_classes": self.num_classes,
             "backbone_digest": state_digest(self.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
-            "device": str(self.device), "wall_time_s": wall_time_s, **stats,
+            "device": str(self.device), "wall_time_s": wall_time_s, **(extra or {}), **stats,
         }
         save_model(state, record, path)
         print(f"trained {self.name} shard {shard}/{self.shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")
@@ -115,10 +126,21 @@ def load_job(args: StepArgs, method_cfg: dict | None = None) -> TrainingJob:
 
 def main(args: StepArgs) -> None:
     job = load_job(args)
+    job.bf16 = use_bf16(job.settings["precision"], job.device)  # non-private training only
     shard = int(args.wildcards["shard"])
+    seed = shard_seed(job.seed, shard)
     model = job.new_model()
     t0 = time.perf_counter()
-    ids, features, labels = job.shard_data(model, shard)
-    stats = get_method(job.method_cfg["kind"]).train(model, features, labels, {**job.settings, "method": job.method_cfg},
-                                                     shard_seed(job.seed, shard), f"{job.name} n{job.shards} shard {shard}")
+    if job.settings["augment"]["enabled"]:
+        ids, features, labels = job.augmented_data(model, shard, seed)
+    else:
+        ids, features, labels = job.shard_data(model, shard)
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=job.bf16):
+            stats = get_method(job.method_cfg["kind"]).train(model, features, labels,
+                                                             {**job.settings, "method": job.method_cfg}, seed,
+                                                             f"{job.name} n{job.shards} shard {shard}")
+    finally:
+        if isinstance(features, AugmentedInputs):
+            features.close()
     job.save(model.trainable_state(), shard, ids, stats, time.perf_counter() - t0, args.output.model)

@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from pipeline_src.fusion.soup import weighted_average
+
 
 def check_same_linearization(ids: Sequence[str]) -> str:
     """Return the common linearization id, or raise ValueError listing the mismatches.
@@ -33,19 +35,6 @@ def check_same_linearization(ids: Sequence[str]) -> str:
     return ids[0]
 
 
-def _check_keys(sds: Sequence[dict], what: str) -> list[str]:
-    keys = sorted(sds[0])
-    for i, sd in enumerate(sds[1:], 1):
-        if sorted(sd) != keys:
-            diff = sorted(set(sd) ^ set(keys))
-            raise KeyError(f"{what}: state dict {i} keys differ from state dict 0: {diff[:5]}")
-        for n in keys:
-            if sd[n].shape != sds[0][n].shape:
-                raise ValueError(f"{what}: {n} has shape {tuple(sd[n].shape)} in state dict {i}, "
-                                 f"{tuple(sds[0][n].shape)} in state dict 0")
-    return keys
-
-
 def compose_deltas(delta_sds: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict[str, torch.Tensor]:
     """Weighted sum Σ_i weights[i]·Δ_i, key by key.
 
@@ -56,10 +45,7 @@ def compose_deltas(delta_sds: Sequence[dict[str, torch.Tensor]], weights: Sequen
         delta_sds: `delta_state_dict()` of each model; identical keys and shapes.
         weights: one weight per state dict.
     """
-    if len(delta_sds) != len(weights) or not delta_sds:
-        raise ValueError(f"compose_deltas: {len(delta_sds)} state dicts but {len(weights)} weights")
-    keys = _check_keys(delta_sds, "compose_deltas")
-    return {n: sum(float(w) * sd[n] for w, sd in zip(weights, delta_sds)) for n in keys}
+    return weighted_average(delta_sds, weights, normalize=False, what="compose_deltas")
 
 
 def remaining_weights(weights: Sequence[float], index: int) -> list[float]:
@@ -94,11 +80,11 @@ def subtract_component(composed: dict[str, torch.Tensor], component_sd: dict[str
     """
     if not 0 <= index < len(weights):
         raise IndexError(f"subtract_component: index {index} out of range for {len(weights)} weights")
-    keys = _check_keys([composed, component_sd], "subtract_component")
     total, w_j = float(sum(weights)), float(weights[index])
     scale = 1.0
     if renormalize:
         if abs(total - w_j) < 1e-12 * max(1.0, abs(total)):
             raise ValueError("subtract_component: the remaining weights sum to zero; nothing to renormalize")
         scale = total / (total - w_j)
-    return {n: (composed[n] - w_j * component_sd[n]) * scale for n in keys}
+    return weighted_average([composed, component_sd], [scale, -w_j * scale], normalize=False,
+                            what="subtract_component")

@@ -25,12 +25,10 @@ import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.data.vit_parts import FromPrefix
+from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS, stacked_adamw_
 from pipeline_src.plan.schedule import apply_schedule, lr_factor
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
 from pipeline_src.taft.primal_gradient import primal_gradient_backward
-
-_BETAS = (0.9, 0.999)  # torch AdamW defaults
-_EPS = 1e-8
 
 
 def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
@@ -98,7 +96,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
     model.eval()
     params = model.delta_parameters()
     device, dtype = params[0].device, params[0].dtype
-    opt = torch.optim.AdamW(params, lr=lr, betas=_BETAS, eps=_EPS, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0)
     loss_fn = get_loss(loss, alpha, kappa)
     gen = torch.Generator().manual_seed(seed)
     history, steps = [], 0
@@ -182,7 +180,9 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
                 [lr * lr_factor(schedule, k - 1, spe, spe * epochs) for k, spe in zip(step_count.tolist(),
                                                                                     steps_per_epoch)],
                 dtype=torch.float64, device=device)
-            _adamw_masked_(params, grads, exp_avg, exp_avg_sq, step_count, active.to(device), lrs)
+            for n in params:
+                stacked_adamw_(params[n], grads[n], exp_avg[n], exp_avg_sq[n], step_count, lrs,
+                               active=active.to(device))
             if radius is not None:
                 _project_stacked_(params, radius, active.to(device))
             totals += losses.detach().double().cpu() * counts
@@ -223,27 +223,6 @@ def _padded_batch(shards, perms, step: int, batch_size: int, device, dtype):
         counts.append(c)
     return (torch.stack(hs).to(device=device, dtype=dtype), torch.stack(ys).to(device),
             torch.stack(masks).to(device), torch.tensor(counts))
-
-
-@torch.no_grad()
-def _adamw_masked_(params: dict, grads: dict, exp_avg: dict, exp_avg_sq: dict, step_count: torch.Tensor,
-                   active: torch.Tensor, lr: float) -> None:
-    """torch.optim.AdamW (weight decay 0) on stacked (S, ...) tensors; inactive shards keep their state."""
-    b1, b2 = _BETAS
-    t = step_count.clamp(min=1).to(torch.float64)
-    bc1 = (1 - b1 ** t)  # (S,)
-    bc2_sqrt = (1 - b2 ** t).sqrt()
-    for n, p in params.items():
-        shape = (-1,) + (1,) * (p.dim() - 1)
-        a = active.view(shape)
-        g = grads[n]
-        m_new = exp_avg[n].lerp(g, 1 - b1)
-        v_new = exp_avg_sq[n] * b2 + (1 - b2) * g * g
-        denom = v_new.sqrt() / bc2_sqrt.to(p.dtype).view(shape) + _EPS
-        p_new = p - (lr / bc1).to(p.dtype).view(shape) * m_new / denom
-        exp_avg[n] = torch.where(a, m_new, exp_avg[n])
-        exp_avg_sq[n] = torch.where(a, v_new, exp_avg_sq[n])
-        params[n] = torch.where(a, p_new, p)
 
 
 @torch.no_grad()

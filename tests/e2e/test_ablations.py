@@ -12,6 +12,7 @@ from pipeline_src.reports.ablations import taft_ablations
 from pipeline_src.store.model_io import load_model
 from pipeline_src.store.results_db import connect
 from tests.conftest import REPO, planned_outputs, snakemake
+from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 ABLATIONS = {"enabled": True, "losses": ["rsl"], "radii": [None, 0.5], "l2s": [0.0]}
@@ -36,8 +37,8 @@ def test_config_refuses_a_non_tangent_method():
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("ablations")
+def study(tmp_path_factory, tiny_study):
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("ablations"))
     (workdir / "config.yaml").write_text(yaml.safe_dump(_config()))
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2", "ablations"))
     assert sum("results/metrics/ablation/taft-1/" in p for p in planned) == 4 + 2

@@ -9,13 +9,14 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, planned_outputs, snakemake
+from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("fusion_study")
+def study(tmp_path_factory, tiny_study):
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("fusion_study"))
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg.update(yaml.safe_load((REPO / ".test" / "fusion.yaml").read_text()))
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))

@@ -18,13 +18,10 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
-import yaml
 
 from pipeline_src.plan.environment import LOCK_FILE, fingerprint, lock_drift_message
 from tests.conftest import REPO
@@ -34,16 +31,8 @@ KEY = ("method", "kind", "model", "shards", "shard_id", "seed", "split", "varian
 UPDATE = os.environ.get("PIPELINE_UPDATE_GOLDEN") == "1"
 
 
-def run_tiny_study(workdir: Path) -> list[dict]:
-    """Run the `.test` study on the CPU in `workdir`; its accuracy rows, sorted by KEY."""
-    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg["device"] = "cpu"
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                           "--directory", str(workdir), "--cores", "2"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    if proc.returncode:
-        raise AssertionError(f"the tiny study failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+def accuracy_rows(workdir: Path) -> list[dict]:
+    """The accuracy rows of a finished study in `workdir`, sorted by KEY."""
     cols = ", ".join(KEY)
     rows = duckdb.sql(f"""SELECT {cols}, num_samples, value AS accuracy FROM
         read_parquet('{workdir}/results/metrics/**/*.parquet', union_by_name=true)
@@ -108,7 +97,7 @@ def test_the_comparison_allows_one_sample_and_no_more():
 
 
 @pytest.mark.e2e
-def test_the_tiny_study_reproduces_the_golden_accuracies(tmp_path):
+def test_the_tiny_study_reproduces_the_golden_accuracies(tiny_study):
     if not UPDATE:
         drift = lock_drift_message(LOCK_FILE)
         if drift and os.environ.get("PIPELINE_REQUIRE_LOCKED_ENV") == "1":
@@ -116,8 +105,8 @@ def test_the_tiny_study_reproduces_the_golden_accuracies(tmp_path):
         if drift:
             pytest.skip(f"not the locked environment, golden numbers need not hold: {drift}")
         assert GOLDEN.is_file(), f"{GOLDEN} is missing: run `make golden`"
-    rows = run_tiny_study(tmp_path)
-    assert_fingerprinted(tmp_path / "results")
+    rows = accuracy_rows(tiny_study)  # the `.test` study on the CPU, run once per session
+    assert_fingerprinted(tiny_study / "results")
     keys = [key_of(r) for r in rows]
     assert len(keys) == len(set(keys)), "accuracy rows of the tiny study are not unique by " + ", ".join(KEY)
     if UPDATE:

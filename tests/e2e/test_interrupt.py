@@ -16,6 +16,7 @@ import yaml
 from safetensors import safe_open
 
 from tests.conftest import REPO
+from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -64,13 +65,13 @@ def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, env=env)
 
 
-def test_a_killed_run_recovers_with_the_readme_commands(tmp_path):
+def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
     sockets = tmp_path / "sockets"  # a fork server of this test's own
     sockets.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     for d in (clean, killed):
-        d.mkdir()
+        copy_study(tiny_study, d)  # the prepared samples and backbone
         (d / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
     proc = run(clean, "--cores", "2", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

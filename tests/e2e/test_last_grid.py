@@ -13,6 +13,7 @@ from pipeline_src.plan.last_grid import grid_points, point_label
 from pipeline_src.reports.last_grid import last_grid
 from pipeline_src.store.results_db import connect
 from tests.conftest import REPO, planned_outputs, snakemake
+from tests.e2e.conftest import copy_study
 
 TINY = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
 
@@ -65,8 +66,8 @@ BASE_EVAL = "results/metrics/evaluate/last/n1_s0/shard0.parquet"
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("last_grid_study")
+def study(tmp_path_factory, tiny_study):
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("last_grid_study"))
     (workdir / "config.yaml").write_text(yaml.safe_dump(TINY))
     # The report depends on the grid's metrics file (STUDY_METRICS).
     dry = snakemake(workdir, "-n", "--cores", "1", "report")

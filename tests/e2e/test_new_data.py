@@ -2,10 +2,7 @@
 and removing one sample changes exactly one shard (a real Snakemake run on an ImageFolder)."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,24 +12,22 @@ import yaml
 from pipeline_src.plan.config import validate_config
 from pipeline_src.plan.samples import assign_splits, list_samples
 from pipeline_src.plan.sharding import shard_of
-from tests.conftest import REPO
+from tests.conftest import snakemake
 
 pytestmark = pytest.mark.e2e
 N = 4
 TARGETS = [f"results/train/fc/n{N}_s0/shard{i}.safetensors" for i in range(N)]
 
 
-def snakemake(workdir: Path, *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                           "--directory", str(workdir), "--cores", "2", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def run(workdir: Path, *args: str) -> str:
+    """A real Snakemake run (or dry run) on 2 cores; its output."""
+    proc = snakemake(workdir, "--cores", "2", *args)
     return proc.stdout + proc.stderr
 
 
 def planned(workdir: Path, rule: str) -> set[str]:
     """The outputs of `rule`'s jobs in a dry run."""
-    out = snakemake(workdir, "-n", *TARGETS)
+    out = run(workdir, "-n", *TARGETS)
     jobs = re.findall(rf"^rule {rule}:\n(?:    .*\n)*?    output: ([^\n]+)", out, flags=re.M)
     return {o.split(",")[0].strip() for o in jobs}
 
@@ -58,7 +53,7 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
                         "pretrain": {"epochs": 1, "batch_size": 64}},
            "train": {"epochs": 1, "batch_size": 64}, "methods": {"fc": {"kind": "fc"}}, "shards": [N]}
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    snakemake(workdir, *TARGETS)
+    run(workdir, *TARGETS)
     return workdir, cfg
 
 
@@ -74,7 +69,7 @@ def test_new_samples_retrain_only_the_shards_they_hash_to(study):
     assert expected and len(expected) < N, "the hash must put the new samples in some, not all, shards"
     assert planned(workdir, "train") == expected
     assert planned(workdir, "pretrain") == set()  # target-task data does not retrain the backbone
-    snakemake(workdir, *TARGETS)
+    run(workdir, *TARGETS)
 
 
 def test_removing_one_sample_changes_one_shard(study):

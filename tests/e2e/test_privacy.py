@@ -25,6 +25,7 @@ from pipeline_src.store.audit import audit_model
 from pipeline_src.store.private_provenance import load_members
 from pipeline_src.store.results_db import connect
 from tests.conftest import REPO, snakemake
+from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 METHODS, REGIMES, EPSILONS = ["nlft-1", "taft-1", "last"], ["full", "fc"], [1, 8]
@@ -41,9 +42,9 @@ def write_config(workdir: Path, **privacy) -> None:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
+def study(tmp_path_factory, tiny_study) -> Path:
     """N = 1 for every method, regime and ε; then taft at N = 2 in one regime and ε."""
-    workdir = tmp_path_factory.mktemp("privacy")
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("privacy"))
     write_config(workdir, methods=METHODS, regimes=REGIMES, epsilons=EPSILONS, shards=[1], paper=PAPER)
     snakemake(workdir, "--cores", "2", "privacy")
     write_config(workdir, methods=["taft-1"], regimes=["fc"], epsilons=[8], shards=[2])

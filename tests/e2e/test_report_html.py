@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, snakemake
+from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 
@@ -33,8 +34,8 @@ def small_config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("report_study")
+def study(tmp_path_factory, tiny_study) -> Path:
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("report_study"))
     (workdir / "config.yaml").write_text(yaml.safe_dump(small_config()))
     snakemake(workdir, "--cores", "2", timeout=1200)
     return workdir

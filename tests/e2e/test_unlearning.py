@@ -24,6 +24,7 @@ from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.store.audit import audit_model
 from pipeline_src.store.model_io import load_model
 from tests.conftest import REPO, planned_outputs, snakemake
+from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 TARGETS = ["evaluate_all", "unlearning"]  # not `all`: the report of the other studies is not under test here
@@ -42,8 +43,8 @@ def _config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("unlearning")
+def study(tmp_path_factory, tiny_study) -> Path:
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("unlearning"))
     (workdir / "config.yaml").write_text(yaml.safe_dump(_config()))
     snakemake(workdir, *TARGETS, "--cores", "2")
     return workdir

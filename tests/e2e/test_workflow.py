@@ -18,16 +18,10 @@ pytestmark = pytest.mark.e2e
 
 
 
-
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("study")
-    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg["resources"] = {"gpu": 1}  # GPU jobs on a fake 2-GPU machine: each holds a device slot
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    snakemake(workdir, "--cores", "2", "--resources", "gpu=2", PIPELINE_NUM_GPUS="2",
-              PIPELINE_GPU_LOCK_DIR=str(workdir / "gpu-locks"))
-    return workdir
+def study(tiny_study) -> Path:
+    """The session's tiny study (tests/e2e/conftest.py): run once, GPU jobs on a fake 2-GPU machine."""
+    return tiny_study
 
 
 def test_each_gpu_job_ran_on_a_device_slot_of_its_own(study):
@@ -100,11 +94,11 @@ def test_nothing_to_do_after_the_run(study):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_changing_the_shard_count_reruns_only_its_dependants(study):
+def test_changing_the_shard_count_reruns_only_its_dependants(study, tmp_path):
     cfg = yaml.safe_load((study / "config.yaml").read_text())
     cfg["shards"] = [1, 3]
-    (study / "changed.yaml").write_text(yaml.safe_dump(cfg))
-    proc = snakemake(study, "-n", "--cores", "2", "--configfile", str(study / "changed.yaml"))
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake(study, "-n", "--cores", "2", "--configfile", str(tmp_path / "changed.yaml"))
     outputs = " ".join(planned_outputs(proc))
     assert "n3_s0" in outputs and re.search(r"(^| )results/report( |$)", outputs)
     assert not re.search(r"n1_s0|n2_s0|results/prepare/|results/pretrain/", outputs), outputs

@@ -7,13 +7,13 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from pipeline_src.fusion import (
-    average_state_dicts,
     diagonal_fisher,
     fisher_merge,
     fuse,
     linear_input_grams,
     register,
     regmean_merge,
+    weighted_average,
 )
 from pipeline_src.matching import match_to_anchor
 
@@ -40,12 +40,12 @@ def assert_sd_close(a: dict, b: dict, tol: float = 1e-8) -> None:
 
 def test_soup_mean_and_self():
     sds = [make_vit(s).state_dict() for s in (0, 1, 2)]
-    out = average_state_dicts(sds)
+    out = weighted_average(sds)
     for k in sds[0]:
         torch.testing.assert_close(out[k], (sds[0][k] + sds[1][k] + sds[2][k]) / 3)
-    assert_sd_close(average_state_dicts([sds[0], sds[0]]), sds[0])
+    assert_sd_close(weighted_average([sds[0], sds[0]]), sds[0])
     with pytest.raises(ValueError, match="weights"):
-        average_state_dicts(sds, weights=[1.0, -1.0, 1.0])
+        weighted_average(sds, weights=[1.0, -1.0, 1.0])
 
 
 @pytest.mark.parametrize("use_labels", [True, False])
@@ -173,3 +173,15 @@ def test_registry_errors():
         register("soup")(lambda sds, **kw: sds[0])
     with pytest.raises(ValueError, match="differs in keys"):
         fuse("soup", [sd, {k: v for k, v in sd.items() if k != "head.bias"}])
+
+
+def test_weighted_average_sum_mode_and_float64_accumulation():
+    # normalize=False is TAFT's plain weighted sum (any real weights); float32 entries are
+    # accumulated in float64, so the result is the correctly rounded sum.
+    a = {"w": torch.tensor([1.0, 1e8], dtype=torch.float32), "n": torch.tensor(3)}
+    b = {"w": torch.tensor([2.0, 1.0], dtype=torch.float32), "n": torch.tensor(3)}
+    out = weighted_average([a, b, a], [1.0, -0.5, -1.0], normalize=False)
+    expect = (1.0 * a["w"].double() - 0.5 * b["w"].double() - 1.0 * a["w"].double()).float()
+    assert out["w"].dtype == torch.float32 and torch.equal(out["w"], expect) and int(out["n"]) == 3
+    with pytest.raises(ValueError, match="non-negative"):
+        weighted_average([a, b], [1.0, -0.5])

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from pipeline_src.methods.composition import average_states, ensemble_logits
+from pipeline_src.fusion.soup import weighted_average
+from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.registry import build_tuned_model
 from tests.conftest import tiny_vit
 
@@ -9,10 +10,10 @@ from tests.conftest import tiny_vit
 def test_soup_of_copies_is_the_model_and_average_is_exact():
     model = build_tuned_model(tiny_vit(), {"kind": "nlft", "k": 1}, num_classes=3, seed=0)
     s = model.trainable_state()
-    soup = average_states([s, s, s])
+    soup = weighted_average([s, s, s])
     assert all(torch.allclose(soup[k], s[k]) for k in s)
     t = {k: v + 1.0 for k, v in s.items()}
-    mid = average_states([s, t], weights=[0.25, 0.75])
+    mid = weighted_average([s, t], weights=[0.25, 0.75])
     assert all(torch.allclose(mid[k], s[k] + 0.75) for k in s)
 
 
@@ -25,11 +26,11 @@ def test_fc_soup_equals_ensemble_because_the_head_is_linear():
         m = build_tuned_model(tiny_vit(), {"kind": "fc"}, num_classes=3, seed=seed)
         models.append(m)
     soup = build_tuned_model(tiny_vit(), {"kind": "fc"}, num_classes=3, seed=0)
-    soup.load_trainable_state(average_states([m.trainable_state() for m in models]))
+    soup.load_trainable_state(weighted_average([m.trainable_state() for m in models]))
     assert torch.allclose(soup(x), ensemble_logits([m(x) for m in models]))
 
 
 def test_mismatched_components_are_refused():
     a = {"w": torch.zeros(2)}
-    with pytest.raises(ValueError, match="different tensors"):
-        average_states([a, {"v": torch.zeros(2)}])
+    with pytest.raises(ValueError, match="differs in keys"):
+        weighted_average([a, {"v": torch.zeros(2)}])

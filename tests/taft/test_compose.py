@@ -81,7 +81,7 @@ def test_mismatched_linearization_and_keys_raise(trained) -> None:
     _, sds, ids, _ = trained
     with pytest.raises(ValueError, match="different linearization"):
         check_same_linearization([ids[0], ids[1], "0" * 64])
-    with pytest.raises(KeyError, match="keys differ"):
+    with pytest.raises(ValueError, match="differs in keys"):
         compose_deltas([sds[0], {n: v for n, v in sds[1].items() if "head" not in n}], [0.5, 0.5])
     with pytest.raises(ValueError, match="weights"):
         compose_deltas(sds, [1.0])

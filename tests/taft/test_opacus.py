@@ -10,7 +10,6 @@ from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.taft import TangentViT
 from pipeline_src.taft.opacus_support import register_opacus_grad_samplers
 
-opacus = pytest.importorskip("opacus")
 pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box
 

@@ -12,6 +12,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache
 from pipeline_src.plan.feature_budget import side_everys
+from pipeline_src.plan.job_settings import training_signature as training_signature_json
 from pipeline_src.plan.environment import warn_on_lock_drift
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
@@ -57,11 +58,8 @@ def training_signature(w):
 
 
 def signature_of(method_name):
-    """Canonical JSON of everything that determines a trained model besides its inputs, so
-    editing a method's settings reruns exactly its jobs (and reordering keys reruns nothing)."""
-    method = config["methods"][method_name]
-    settings = {k: method.get(k, v) for k, v in config["train"].items()}
-    return json.dumps({"method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True)
+    """The signature of a method's training jobs (`plan/job_settings.py`)."""
+    return training_signature_json(config, config["methods"][method_name])
 
 
 def train_inputs(w):

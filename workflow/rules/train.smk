@@ -9,6 +9,7 @@ rule features:
         # blocks cache: the LAST spacings g whose block outputs it keeps; dtype: storage dtype
         everys=lambda w: side_everys(config) if w.cache == "blocks" else None,
         dtype=config["features"]["dtype"],
+        precision=config["train"]["precision"],  # bfloat16 autocast on CUDA changes the cached values
     log:
         f"{R}/logs/features/{{cache}}.log",
     benchmark:

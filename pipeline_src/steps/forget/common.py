@@ -18,15 +18,15 @@ from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.methods.composition import average_states
+from pipeline_src.fusion.soup import weighted_average
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import build_tuned_model, get_method
 from pipeline_src.methods.training import batched_apply
+from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.compose import composition_weights
-from pipeline_src.steps.train import train_settings
 from pipeline_src.store.metrics import metric_rows
 from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
@@ -120,7 +120,7 @@ def compose(ctx: StudyContext, states: list[dict], records: list[dict]) -> tuple
     if kind_of(ctx.kind).tangent:
         check_same_linearization([r["linearization_id"] for r in records])
         return compose_deltas(states, weights), weights, "taft-sum"
-    return average_states(states, weights), weights, "soup"
+    return weighted_average(states, weights), weights, "soup"
 
 
 class TestSet:

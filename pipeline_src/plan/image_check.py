@@ -1,0 +1,99 @@
+"""Which listed images do not decode, for `dataset.skip_corrupt: true`.
+
+Skipping lives in the listing, not in `prepare`: shard members are computed from the listing when
+the DAG is built, so a sample that `prepare` dropped would still be in some shard. With
+`skip_corrupt` the listing decodes every image once (PIL's full `load`, which is what finds a
+truncated file) and drops those that fail; `prepare` lists the same way, so the samples table,
+the image store and every id list agree, and prepare writes the dropped files to
+`results/prepare/corrupt.csv`. Verdicts are cached per file (path, size, mtime) under the parse
+cache, so later parses decode only new or changed files. Without `skip_corrupt` nothing is
+checked here and `prepare` fails on the first bad file, naming it (`data/images.decode_image`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pipeline_src.plan.dataset_layouts import SampleList
+from pipeline_src.store.atomic import write_json
+
+CACHE_FILE = "image_check.json"
+_cache_dir: Path | None = None
+
+
+def use_cache_dir(path: str | Path | None) -> None:
+    """Keep verdicts under `path` (the parse cache, `results/prepare/.plan_cache`); None: not kept."""
+    global _cache_dir
+    _cache_dir = None if path is None else Path(path)
+
+
+def decode_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises for a file that is not a readable image (truncated, not an image, a bomb)."""
+    from PIL import Image
+
+    return OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError
+
+
+def check_image(path: str) -> str | None:
+    """None when the file decodes fully, else the reason."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except decode_errors() as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _stamp(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def corrupt_images(paths: list[str], threads: int | None = None) -> dict[str, str]:
+    """{path: reason} of the files that do not decode, checking only files not seen unchanged before.
+
+    Args:
+        paths: image files.
+        threads: decoding threads (PIL releases the GIL); default: the machine's CPUs.
+    """
+    from PIL import __version__ as pil_version
+
+    cache_path = None if _cache_dir is None else _cache_dir / CACHE_FILE
+    known: dict[str, list] = {}
+    if cache_path is not None:
+        try:
+            entry = json.loads(cache_path.read_text())
+            known = entry["files"] if entry.get("pil") == pil_version else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            known = {}
+    stamps = {p: _stamp(p) for p in paths}
+    todo = [p for p in paths if p not in known or known[p][:2] != stamps[p]]
+    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+        for p, reason in zip(todo, pool.map(check_image, todo)):
+            known[p] = [*stamps[p], reason]
+    if todo and cache_path is not None:
+        try:
+            write_json({"pil": pil_version, "files": {p: known[p] for p in paths}}, cache_path)
+        except OSError:  # a read-only results folder: work uncached
+            pass
+    return {p: known[p][2] for p in paths if known[p][2] is not None}
+
+
+def drop_corrupt(samples: SampleList) -> SampleList:
+    """The listing without the samples whose image does not decode; they go to `samples.corrupt`.
+
+    Args:
+        samples: a listing of image files.
+    """
+    bad = corrupt_images(samples.paths)
+    if not bad:
+        return samples
+    keep = [k for k, p in enumerate(samples.paths) if p not in bad]
+    pick = (lambda xs: None if xs is None else [xs[k] for k in keep])
+    return SampleList(pick(samples.sample_ids), pick(samples.class_names), pick(samples.paths), samples.skipped,
+                      samples.empty_classes, pick(samples.splits), sorted(bad.items()))

@@ -1,0 +1,36 @@
+"""A training job's settings: the one place the study's `train:` block and a method's own keys merge.
+
+Torch-free: the rules build each training job's signature from it at parse time
+(`workflow/rules/common.smk`, `signature_of`), and the job reads the same merge at run time
+(`steps/train.py`), so what a signature covers is exactly what the job uses.
+"""
+from __future__ import annotations
+
+import json
+
+
+def train_settings(cfg: dict, method_cfg: dict) -> dict:
+    """The study's `train:` settings, each overridden by the method's own key of that name.
+
+    Args:
+        cfg: the validated config.
+        method_cfg: the method's settings (`methods.<name>`, or settings standing in for them).
+    """
+    return {k: method_cfg.get(k, v) for k, v in cfg["train"].items()}
+
+
+# How a job reads its data, not what it computes (trained tensors are bit-identical at any value:
+# tests/steps/test_train_from_images.py), so changing it reruns nothing.
+RUN_ONLY = ("num_workers",)
+
+
+def training_signature(cfg: dict, method_cfg: dict) -> str:
+    """Canonical JSON of everything that determines a trained model besides its input files,
+    so editing a method's settings reruns exactly its jobs (and reordering keys reruns nothing).
+
+    Args:
+        cfg: the validated config.
+        method_cfg: the method's settings.
+    """
+    settings = {k: v for k, v in train_settings(cfg, method_cfg).items() if k not in RUN_ONLY}
+    return json.dumps({"method": method_cfg, "train": settings, "head_seed": cfg["seed"]}, sort_keys=True)

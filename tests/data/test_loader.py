@@ -1,0 +1,31 @@
+"""The DataLoader data path (`data/loader.py`): the same rows, in order, whatever the worker count."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline_src.data.images import to_model_input
+from pipeline_src.data.loader import image_batches
+from pipeline_src.data.sample_store import SampleStore
+from tests.steps.helpers import folder_config, run_prepare
+
+
+def test_batches_are_the_rows_in_order_with_and_without_workers(image_folder, tmp_path):
+    store = SampleStore(run_prepare(folder_config(image_folder), tmp_path))
+    rows = np.array([5, 0, 17, 3, 3, 9, 11])
+    expected = store.image_array.read(rows)
+    for workers in (0, 2):
+        batches = list(image_batches(store.image_array, rows, 3, "cpu", workers))
+        assert [len(b) for b in batches] == [3, 3, 1]
+        assert all(b.dtype == torch.uint8 for b in batches)
+        assert np.array_equal(torch.cat(batches).numpy(), expected)
+
+
+def test_apply_equals_the_whole_split_at_once(image_folder, tmp_path):
+    store = SampleStore(run_prepare(folder_config(image_folder), tmp_path))
+    ids = store.ids("target", "train")[::-1]
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    reference = to_model_input(store.subset(ids).images, mean, std).sum(dim=(2, 3))
+    for workers in (0, 2):
+        out = store.apply(lambda x: x.sum(dim=(2, 3)), ids, mean, std, batch_size=4, workers=workers)
+        assert torch.equal(out, reference)

@@ -1,0 +1,68 @@
+"""One tiny study for the whole test session.
+
+`tiny_study` runs the `.test` study once, on the CPU, with its GPU jobs on a fake 2-GPU
+machine. Modules that only read a finished study (or dry-run against it) use it as it is.
+Modules that run jobs of their own first `copy_study` it into their own folder: the copy keeps
+the files' times and Snakemake's metadata (params, code, inputs of every output), so Snakemake
+there reruns only what their config changes, and a prepared dataset, backbone and feature
+caches are never built twice in one session.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, snakemake
+
+# What every study of the same dataset, backbone and seed shares: the prepared samples, the
+# backbone (and its metrics row), the feature caches and the upstream signature they depend on.
+PREPARED = ("prepare", "pretrain", "metrics/pretrain", "features", "signatures/upstream.json")
+
+
+def tiny_config() -> dict:
+    """The `.test` study's config, as a fresh dict."""
+    return yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory) -> Path:
+    """The finished `.test` study (device cpu; each GPU job held one of 2 fake device slots).
+
+    Read it, or dry-run against it; never write into it: copy it with `copy_study` first.
+    """
+    workdir = tmp_path_factory.mktemp("tiny_study")
+    cfg = tiny_config()
+    cfg["device"] = "cpu"  # the golden accuracies are CPU numbers, whatever machine runs the tests
+    cfg["resources"] = {"gpu": 1}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(workdir, "--cores", "2", "--resources", "gpu=2", PIPELINE_NUM_GPUS="2",
+              PIPELINE_GPU_LOCK_DIR=str(workdir / "gpu-locks"))
+    return workdir
+
+
+def copy_study(study: Path, dst: Path, parts: tuple[str, ...] | None = PREPARED) -> Path:
+    """Copy a finished study's results into `dst` (created), with Snakemake's metadata.
+
+    Args:
+        study: a finished study's working directory.
+        dst: the new working directory (its config.yaml is the caller's to write).
+        parts: only these files or folders under results/ (default: the prepared study,
+            `PREPARED`); None: all of results/.
+    Returns:
+        dst.
+    """
+    dst.mkdir(parents=True, exist_ok=True)
+    src_results = study / "results"
+    for part in parts if parts is not None else sorted(p.name for p in src_results.iterdir()):
+        src, out = src_results / part, dst / "results" / part
+        if src.is_dir():
+            shutil.copytree(src, out, copy_function=shutil.copy2)
+        elif src.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, out)
+    # Metadata of outputs that are not copied is never read: Snakemake looks it up per existing file.
+    shutil.copytree(study / ".snakemake" / "metadata", dst / ".snakemake" / "metadata", copy_function=shutil.copy2)
+    return dst
