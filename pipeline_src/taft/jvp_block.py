@@ -25,6 +25,7 @@ from pipeline_src.taft.jvp_layers import (
     TangentLayerNorm,
     TangentLayerScale,
     TangentLinear,
+    accumulate_in_place,
     add_tangents,
     tangent_activation,
     tangent_grad,
@@ -45,10 +46,9 @@ def dropout_rate(module: nn.Module) -> float:
 
 
 def _baddbmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """acc + a·b, in place when no graph is recorded (saves a (B·H, N, N) buffer); out of place
-    otherwise, since torch.func.vmap (vectorized shard training) has no batching rule for
-    ``baddbmm_`` and falls back to a slow loop."""
-    return acc.baddbmm_(a, b) if not torch.is_grad_enabled() else torch.baddbmm(acc, a, b)
+    """acc + a·b, in place where allowed (`accumulate_in_place`; saves a (B·H, N, N) buffer);
+    out of place otherwise: torch.func.vmap has no batching rule for ``baddbmm_`` and loops."""
+    return acc.baddbmm_(a, b) if accumulate_in_place() else torch.baddbmm(acc, a, b)
 
 
 class TangentAttention(nn.Module):

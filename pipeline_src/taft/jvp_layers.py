@@ -41,6 +41,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 class _Mode(threading.local):
     primal_grad = False
+    vmapped = False
 
 
 _MODE = _Mode()
@@ -52,13 +53,25 @@ def primal_grad_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def primal_grad_mode() -> Iterator[None]:
-    """Switch every layer's tangent ops to no-grad (this thread); see `primal_gradient`."""
-    prev, _MODE.primal_grad = _MODE.primal_grad, True
+def primal_grad_mode(vmapped: bool = False) -> Iterator[None]:
+    """Switch every layer's tangent ops to no-grad (this thread); see `primal_gradient`.
+
+    Args:
+        vmapped: the forward runs under `torch.func.vmap`, which has no batching rule for the
+            in-place accumulations (``addmm_``, ``baddbmm_``) and would loop: use out-of-place ops.
+    """
+    prev = _MODE.primal_grad, _MODE.vmapped
+    _MODE.primal_grad, _MODE.vmapped = True, vmapped
     try:
         yield
     finally:
-        _MODE.primal_grad = prev
+        _MODE.primal_grad, _MODE.vmapped = prev
+
+
+def accumulate_in_place() -> bool:
+    """Whether a tangent op may accumulate into its own fresh output: no graph is recorded and
+    no vmap is active."""
+    return not torch.is_grad_enabled() and not _MODE.vmapped
 
 
 def tangent_grad() -> contextlib.AbstractContextManager:
@@ -110,13 +123,13 @@ class TangentLinear(nn.Module):
         with tangent_grad():
             dy = self.delta(x)  # ΔW·x + Δb: the one call of the Δ module
             if t is not None:
-                # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views; in place when
-                # no graph is recorded (out of place, addmm first copies dy).
+                # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views; in place where
+                # allowed (out of place, addmm first copies dy).
                 rows, t2 = dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1])
-                if torch.is_grad_enabled():
-                    dy = torch.addmm(rows, t2, self.weight.t()).view(dy.shape)
-                else:
+                if accumulate_in_place():
                     dy = rows.addmm_(t2, self.weight.t()).view(dy.shape)
+                else:
+                    dy = torch.addmm(rows, t2, self.weight.t()).view(dy.shape)
         return y, dy
 
     def pairs(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

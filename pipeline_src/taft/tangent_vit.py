@@ -291,6 +291,12 @@ class TangentViT(nn.Module):
             out.append((self.cls_token, self.cls_delta.weight))
         return out
 
+    def base_delta_names(self) -> list[tuple[str, str]]:
+        """(base buffer name, Δ parameter name) for every linearized tensor, as `base_delta_parameters`."""
+        delta_name = {id(p): n for n, p in self.named_delta_parameters()}
+        buf_name = {id(b): n for n, b in self.named_buffers()}
+        return [(buf_name[id(w)], delta_name[id(d)]) for w, d in self.base_delta_parameters()]
+
     def linearization_id(self) -> str:
         """Digest of everything fixing the linearization point: the frozen prefix, the base
         weights of the linearized part (after any reset) and the TAFT settings."""

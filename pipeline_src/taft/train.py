@@ -28,6 +28,7 @@ from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS, stacked_adamw_
 from pipeline_src.plan.schedule import apply_schedule, lr_factor
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
+from pipeline_src.taft.jvp_layers import primal_grad_mode
 from pipeline_src.taft.primal_gradient import primal_gradient_backward
 
 
@@ -122,7 +123,7 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
                              alpha: Optional[float] = None, kappa: Optional[float] = None,
                              radius: Optional[float] = None, seed: "int | Sequence[int]" = 0,
                              progress: Optional[Callable[[int, list[float]], None]] = None,
-                             schedule: Optional[dict] = None) -> list[dict]:
+                             schedule: Optional[dict] = None, through_primal: bool = True) -> list[dict]:
     """Train one Δ per shard, all shards in one vmapped computation; `model` is not modified.
 
     Each shard starts from the model's current Δ and gets the result of
@@ -135,6 +136,8 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
             (each shard's schedule follows its own steps).
         seed: one shuffling seed for all shards, or one per shard.
         progress: called as progress(epoch, per-shard mean losses) after each epoch.
+        through_primal: ∇_Δw as the primal network's gradient w.r.t. the shared base weights
+            (`primal_gradient`), per shard; False: through the tangent ops.
 
     Returns:
         One dict per shard, as `train_tangent` returns.
@@ -147,7 +150,6 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
         raise ValueError(f"train_tangent_vectorized: {len(seeds)} seeds for {S} shards")
     sizes = [_check_data(f, y, batch_size) for f, y in shards]
     model.eval()
-    wrapper = FromPrefix(model)
     named = model.named_delta_parameters()
     device, dtype = named[0][1].device, named[0][1].dtype
     # Stacked Δ, Adam moments: (S, *shape) per parameter.
@@ -157,14 +159,7 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
     step_count = torch.zeros(S, dtype=torch.long, device=device)
     loss_fn = get_loss(loss, alpha, kappa)
 
-    def shard_loss(p: dict, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
-        per = loss_fn(functional_call(wrapper, p, (h,)), y, reduction="none")  # (batch,)
-        total = (per * mask).sum() / mask.sum().clamp(min=1)
-        if weight_decay_l2:
-            total = total + weight_decay_l2 * delta_l2_penalty(p.values())
-        return total, total.detach()
-
-    grad_fn = vmap(grad(shard_loss, has_aux=True))
+    grad_fn = stacked_gradients(model, loss_fn, weight_decay_l2, through_primal)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     steps_per_epoch = [math.ceil(n / batch_size) for n in sizes]
     histories: list[list[float]] = [[] for _ in range(S)]
@@ -193,6 +188,51 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
     return [{"delta_state_dict": {n[len("tuned."):]: p[i].clone() for n, p in params.items()},
              "loss_history": histories[i], "steps": steps_per_epoch[i] * epochs, "epochs": epochs,
              "n_samples": sizes[i]} for i in range(S)]
+
+
+def stacked_gradients(model: nn.Module, loss_fn: Callable, weight_decay_l2: float = 0.0,
+                      through_primal: bool = True) -> Callable:
+    """`fn(params, h, y, mask) -> (grads, losses)`: per-shard ∇ of the masked mean loss (+ the L2
+    penalty) w.r.t. stacked Δ `params` ({"tuned.<Δ name>": (S, ...)}), batches h (S, b, N, D),
+    y (S, b), mask (S, b), in one `vmap(grad(...))` call.
+
+    Args:
+        model: a TangentViT (its Δ parameters are replaced by `params`).
+        loss_fn: `fn(logits, labels, reduction)`.
+        weight_decay_l2: coefficient of ‖Δw‖₂².
+        through_primal: ∇ as the primal network's gradient w.r.t. the shared base weights
+            (`primal_gradient`); False: through the tangent ops.
+    """
+    wrapper = FromPrefix(model)
+    delta_keys = {f"tuned.{n}" for n, _ in model.named_delta_parameters()}
+
+    def shard_loss(p: dict, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
+        per = loss_fn(functional_call(wrapper, p, (h,)), y, reduction="none")  # (batch,)
+        total = (per * mask).sum() / mask.sum().clamp(min=1)
+        if weight_decay_l2:
+            total = total + weight_decay_l2 * delta_l2_penalty(v for k, v in p.items() if k in delta_keys)
+        return total, total.detach()
+
+    # ∇ w.r.t. the base tensors (shared: in_dims None) is ∇ w.r.t. Δ of the data loss; the Δ
+    # argument's own gradient is the penalty's (the tangent ops run without autograd).
+    base_names = [(f"tuned.{b}", f"tuned.{d}") for b, d in model.base_delta_names()]
+    base = {b: model.get_buffer(b[len("tuned."):]).detach() for b, _ in base_names}
+
+    def shard_loss_primal(wb: dict, p: dict, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
+        with primal_grad_mode(vmapped=True):
+            return shard_loss({**p, **wb}, h, y, mask)
+
+    primal_grad_fn = vmap(grad(shard_loss_primal, argnums=(0, 1), has_aux=True), in_dims=(None, 0, 0, 0, 0))
+
+    def grad_fn(params: dict, h: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
+        if not through_primal:
+            return vmap(grad(shard_loss, has_aux=True))(params, h, y, mask)
+        (g_base, g_delta), losses = primal_grad_fn(base, params, h, y, mask)
+        for b, d in base_names:
+            g_delta[d] = g_delta[d] + g_base[b].reshape(g_delta[d].shape)
+        return g_delta, losses
+
+    return grad_fn
 
 
 def _check_data(features: torch.Tensor, labels: torch.Tensor, batch_size: int) -> int:

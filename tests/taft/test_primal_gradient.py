@@ -7,9 +7,9 @@ import torch
 
 from pipeline_src.taft import TangentViT
 from pipeline_src.taft.jvp_layers import primal_grad_enabled
-from pipeline_src.taft.losses import get_loss
+from pipeline_src.taft.losses import delta_l2_penalty, get_loss
 from pipeline_src.taft.primal_gradient import primal_gradient, primal_gradient_backward
-from pipeline_src.taft.train import tangent_step
+from pipeline_src.taft.train import stacked_gradients, tangent_step
 from tests.taft.test_backbones import FAMILIES, images_for, make
 from tests.taft.test_model import CONFIGS, images, make_base, rel_err
 
@@ -132,3 +132,30 @@ def test_no_grad_forward_equals_the_recorded_one(k: int) -> None:
         assert rel_err(model(x), recorded) < 1e-14
     with primal_gradient(model):
         assert rel_err(model(x), recorded) < 1e-14
+
+
+@pytest.mark.parametrize("family", ["qk_norm_no_bias_layer_scale", "deit_distilled", "clip_quickgelu_avg"])
+def test_vectorized_gradients_through_the_primal(family: str) -> None:
+    # Two shards, each with its own Δ and batch (the second padded), against autograd through
+    # the tangent ops, vectorized and shard by shard.
+    base = make(family)
+    model = TangentViT(base, 2, reset_cls=family == "deit_distilled", delta_init_std=0.05)
+    loss_fn, wd = get_loss("rsl", 1.0, 3.0), 1e-2
+    g = torch.Generator().manual_seed(4)
+    named = model.named_delta_parameters()
+    params = {f"tuned.{n}": p.detach() + 0.05 * torch.randn((2, *p.shape), generator=g) for n, p in named}
+    h = torch.stack([model.prefix(images_for(base, 4)), model.prefix(2 * images_for(base, 4))])
+    y = torch.tensor([[0, 1, 2, 3], [4, 0, 1, 0]])
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]])
+    got, loss_got = stacked_gradients(model, loss_fn, wd, through_primal=True)(params, h, y, mask)
+    ref, loss_ref = stacked_gradients(model, loss_fn, wd, through_primal=False)(params, h, y, mask)
+    assert torch.allclose(loss_got, loss_ref, rtol=1e-12)
+    for s in range(2):
+        assert_same({n: ref[n][s] for n in ref}, {n: got[n][s] for n in got})
+        # and shard s alone, through `tangent_step`'s autograd path
+        model.load_delta_state_dict({n[len("tuned."):]: p[s] for n, p in params.items()})
+        keep = mask[s] > 0
+        model.zero_grad(set_to_none=True)
+        (loss_fn(model.forward_from_prefix(h[s][keep]), y[s][keep]) + wd * delta_l2_penalty(model)).backward()
+        assert_same({n: p.grad for n, p in model.named_delta_parameters()},
+                    {n[len("tuned."):]: got[n][s] for n in got})
