@@ -286,7 +286,11 @@ class TangentViT(nn.Module):
     def base_delta_parameters(self) -> list[tuple[torch.Tensor, nn.Parameter]]:
         """(base tensor w, its Δ parameter) for every linearized tensor; ∂f/∂w = ∂f_lin/∂Δw, shapes
         equal up to the reset class token's (1, 1, D) vs (1, D)."""
-        out = [(w, d) for name, (w, d) in self.linearization_pairs().items() if name != "cls_input"]
+        out = []  # every step calls this: walk only the linearized modules, no names
+        for part in (self.blocks, self.norm, self.fc_norm, self.head, self.head_dist):
+            for m in () if part is None else part.modules():
+                if hasattr(m, "pairs"):
+                    out.extend(m.pairs().values())
         if self.cls_delta is not None:
             out.append((self.cls_token, self.cls_delta.weight))
         return out
