@@ -83,6 +83,7 @@ class SampleStore:
     def split(self, task: str, split: str) -> Subset:
         return self.subset(self.ids(task, split))
 
+    @torch.no_grad()  # frozen parts and evaluation: no graph over a whole split
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor], ids: list[str], mean: list[float], std: list[float],
               device: torch.device | str = "cpu", batch_size: int = 256, workers: int = 0,
               autocast: bool = False) -> torch.Tensor:

@@ -124,13 +124,15 @@ def compose(ctx: StudyContext, states: list[dict], records: list[dict]) -> tuple
 
 
 class TestSet:
-    """The test split's prefix features, computed once per job, and the labels."""
+    """The test split's prefix features, computed once per job from images read one batch at a
+    time (every model of the job reuses them: O(test split) prefix features, no float images), and
+    the labels."""
 
     def __init__(self, ctx: StudyContext) -> None:
         test = ctx.store.split("target", "test")
         self.ids, self.labels, self.ctx = test.ids, test.labels, ctx
-        x = to_model_input(test.images, ctx.backbone_record["mean"], ctx.backbone_record["std"]).to(ctx.device)
-        self.prefix = batched_apply(ctx.new_model().eval().prefix, x)
+        self.prefix = ctx.store.apply(ctx.new_model().eval().prefix, test.ids, ctx.backbone_record["mean"],
+                                      ctx.backbone_record["std"], ctx.device)
 
     @torch.no_grad()
     def logits(self, state: dict) -> torch.Tensor:

@@ -12,7 +12,6 @@ import json
 import time
 from pathlib import Path
 
-from pipeline_src.data.images import to_model_input
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
@@ -53,8 +52,7 @@ def main(args: StepArgs) -> None:
                 feats = load_rows(args.input.features, [store.row_of[i] for i in test.ids], model)
             logits = batched_apply(model.forward_from_prefix, feats.to(device))
         else:
-            logits = batched_apply(model, to_model_input(test.images, backbone_record["mean"],
-                                                         backbone_record["std"]).to(device))
+            logits = store.apply(model, test.ids, backbone_record["mean"], backbone_record["std"], device)
         all_logits.append(logits.cpu())
         records.append(record)
     logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
