@@ -35,6 +35,30 @@ class Subset:
         return self.store.image_rows(self.rows)
 
 
+class StoredImages:
+    """Normalised images of some samples, read and converted on `inputs[idx]`: a training loop's
+    `inputs` (`methods.training.fit`) that holds no image until its batch is drawn.
+
+    Args:
+        store: the prepared dataset.
+        ids: the samples, in the order the loop's positions refer to.
+        mean, std: the backbone's normalisation.
+        device: where the batches go.
+    """
+
+    def __init__(self, store: SampleStore, ids: list[str], mean: list[float], std: list[float],
+                 device: torch.device | str) -> None:
+        self.store, self.rows, self.mean, self.std = store, store.rows(ids), mean, std
+        self.device = torch.device(device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        rows = self.rows[idx.cpu().numpy()]  # (B,) store rows of the batch, in its order
+        return to_model_input(self.store.image_rows(rows), self.mean, self.std).to(self.device)
+
+
 class SampleStore:
     """Read access to a prepared dataset folder."""
 

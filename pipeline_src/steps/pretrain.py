@@ -11,9 +11,8 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.data.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
-from pipeline_src.data.images import to_model_input
-from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.methods.training import batched_apply, fit
+from pipeline_src.data.sample_store import SampleStore, StoredImages
+from pipeline_src.methods.training import fit
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
@@ -40,12 +39,12 @@ def main(args: StepArgs) -> None:
     torch.manual_seed(cfg["seed"])
     model = VisionTransformer(**kwargs).to(device)
     train, test = store.split("source", "train"), store.split("source", "test")
-    x = to_model_input(train.images, mean, std).to(device)
+    x = StoredImages(store, train.ids, mean, std, device)  # each batch read and converted when drawn
     p = cfg["backbone"]["pretrain"]
     stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
                 batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain")
     model.eval()
-    logits = batched_apply(model, to_model_input(test.images, mean, std).to(device)).cpu()
+    logits = store.apply(model, test.ids, mean, std, device).cpu()
     acc = (logits.argmax(-1) == test.labels).double().mean().item()
     print(f"pretrained on {len(train.ids)} source samples: source test accuracy {acc:.4f}")
     save_backbone(model.cpu(), {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain"},

@@ -6,7 +6,7 @@ import torch
 
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
-from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.sample_store import SampleStore, StoredImages
 from tests.steps.helpers import folder_config, run_prepare
 
 
@@ -29,3 +29,15 @@ def test_apply_equals_the_whole_split_at_once(image_folder, tmp_path):
     for workers in (0, 2):
         out = store.apply(lambda x: x.sum(dim=(2, 3)), ids, mean, std, batch_size=4, workers=workers)
         assert torch.equal(out, reference)
+
+
+def test_stored_images_are_the_whole_split_indexed(image_folder, tmp_path):
+    # what `pretrain` trains on: each batch read when drawn equals indexing the whole split's tensor
+    store = SampleStore(run_prepare(folder_config(image_folder), tmp_path))
+    ids = store.ids("target", "train")
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    whole = to_model_input(store.subset(ids).images, mean, std)
+    lazy = StoredImages(store, ids, mean, std, "cpu")
+    assert len(lazy) == len(ids)
+    for idx in (torch.tensor([3, 0, 3, 1]), torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))):
+        assert torch.equal(lazy[idx], whole[idx])
