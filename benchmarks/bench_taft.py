@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline_src.methods.nonlinear import TailFineTune  # noqa: E402
+from pipeline_src.reports.benchmark_goals import gemm_floors  # noqa: E402
 from pipeline_src.store.benchmark_rows import (  # noqa: E402
     benchmark_row,
     emit_peaks,
@@ -149,29 +150,6 @@ def run_interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup
             sync()
             times[name].append((now() - t0) * 1e3)
     return times
-
-
-def gemm_floors(sizes: dict) -> dict[str, float]:
-    """Matrix-product (MAC) floors of the headline ratios for these sizes.
-
-    Per token and block: Linear layers L = 12·D² (qkv 3D², proj D², fc1 + fc2 8D² at mlp ratio
-    4), attention A = 2·N·D (Q·Kᵀ and P·V). Plain forward L + A. Tangent forward adds ΔW·x (L),
-    W·t (L; none for the first linearized qkv, whose input tangent is 0) and dQ·Kᵀ, Q·dKᵀ, dP·V,
-    P·dV (2A). A train step adds the backward: ∇W (L), ∇input (L; none into the first tuned
-    qkv) and 2A, the same for NLFT and TAFT (`taft/primal_gradient.py`). The head is left out.
-    """
-    D, depth = sizes["embed_dim"], sizes["depth"]
-    N = (sizes["img_size"] // sizes["patch_size"]) ** 2 + 1
-    L, A, qkv = 12 * D * D, 2 * N * D, 3 * D * D
-    out = {}
-    for label, k in (("taft1", 1), ("taftall", depth)):
-        plain = depth * (L + A)
-        tangent = plain + k * (2 * L + 2 * A) - qkv
-        nlft_train = k * (3 * L + 3 * A) - qkv
-        taft_train = k * (5 * L + 5 * A) - 2 * qkv
-        out[f"fwd_{label}"] = tangent / plain
-        out[f"train_{label}"] = taft_train / nlft_train
-    return out
 
 
 def ratio_table(med: dict[str, float], mem: dict[str, float], sizes: dict) -> str:

@@ -50,6 +50,29 @@ def _ratio(by: pd.DataFrame, num: str, den: str, col: str = "time_ms") -> float:
     return float(a) / float(b) if pd.notna(a) and pd.notna(b) and float(b) > 0 else math.nan
 
 
+def gemm_floors(sizes: dict) -> dict[str, float]:
+    """Matrix-product (MAC) floors of the headline ratios for these sizes.
+
+    Per token and block: Linear layers L = 12·D² (qkv 3D², proj D², fc1 + fc2 8D² at mlp ratio
+    4), attention A = 2·N·D (Q·Kᵀ and P·V). Plain forward L + A. Tangent forward adds ΔW·x (L),
+    W·t (L; none for the first linearized qkv, whose input tangent is 0) and dQ·Kᵀ, Q·dKᵀ, dP·V,
+    P·dV (2A). A train step adds the backward: ∇W (L), ∇input (L; none into the first tuned
+    qkv) and 2A, the same for NLFT and TAFT (`taft/primal_gradient.py`). The head is left out. `benchmarks/bench_taft.py` prints them too.
+    """
+    D, depth = sizes["embed_dim"], sizes["depth"]
+    N = (sizes["img_size"] // sizes["patch_size"]) ** 2 + 1
+    L, A, qkv = 12 * D * D, 2 * N * D, 3 * D * D
+    out = {}
+    for label, k in (("taft1", 1), ("taftall", depth)):
+        plain = depth * (L + A)
+        tangent = plain + k * (2 * L + 2 * A) - qkv
+        nlft_train = k * (3 * L + 3 * A) - qkv
+        taft_train = k * (5 * L + 5 * A) - 2 * qkv
+        out[f"fwd_{label}"] = tangent / plain
+        out[f"train_{label}"] = taft_train / nlft_train
+    return out
+
+
 def taft_lines(df: pd.DataFrame) -> list[dict]:
     """bench_taft rows (one sizes group) -> jvp, plain-forward and NLFT ratios."""
     out = []
@@ -67,9 +90,10 @@ def taft_lines(df: pd.DataFrame) -> list[dict]:
                              sizes=short, device=device))
         for label, name in (("taft1", "1"), ("taftall", "all")):
             r = _ratio(by, f"train_step_features_{label}", f"nlft_train_step_features_{label}")
+            floor = gemm_floors(s)[f"train_{label}"] if {"embed_dim", "depth", "img_size", "patch_size"} <= set(s) else math.nan
             if not math.isnan(r):
                 out.append(_line(f"TAFT-{name} / NLFT-{name} train step (cached features)", r, TAFT_NLFT_GOAL,
-                                 reference=TAFT_NLFT_PAPER, sizes=short, device=device))
+                                 floor=floor, reference=TAFT_NLFT_PAPER, sizes=short, device=device))
     return out
 
 

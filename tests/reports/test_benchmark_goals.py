@@ -26,7 +26,7 @@ def read(path: Path) -> dict[str, dict]:
 @pytest.fixture
 def results(tmp_path):
     bench = tmp_path / "results" / "benchmarks"
-    taft = dict(depth=6, embed_dim=192, batch=8, img_size=32, clock="process")
+    taft = dict(depth=6, embed_dim=192, batch=8, img_size=32, patch_size=4, clock="process")
     write_benchmark_rows("bench_taft", [benchmark_row("bench_taft", c, "cpu", taft, [t, t], m) for c, t, m in (
         ("plain_forward", 9.0, 5.0), ("tangent_forward_taft1", 14.0, 6.0), ("funcjvp_forward_taft1", 16.0, 7.0),
         ("tangent_forward_taftall", 30.0, 9.0), ("funcjvp_forward_taftall", 30.0, 9.5),
@@ -75,6 +75,10 @@ def test_goal_table_from_rows(results, tmp_path, monkeypatch):
     assert float(plain["goal"]) == pytest.approx(1.05 * 8 / 6) and plain["meets goal"] == "False"  # 14 / 9 > 1.4
     nlft = got["TAFT-1 / NLFT-1 train step (cached features)"]
     assert float(nlft["value"]) == pytest.approx(1.2) and float(nlft["reference"]) == 1.39
+    # matrix-product floor of one tuned block: TAFT 5 products per Linear and attention product (less
+    # 2 qkv: no input tangent, no input gradient), NLFT 3 (less 1 qkv); D 192, 65 tokens
+    L, A, qkv = 12 * 192**2, 2 * 65 * 192, 3 * 192**2
+    assert float(nlft["floor"]) == pytest.approx((5 * L + 5 * A - 2 * qkv) / (3 * L + 3 * A - qkv))
     assert "TAFT-all / NLFT-all train step (cached features)" not in got  # no NLFT-all row: no line
     grid = got["2 LAST networks / one (time)"]
     assert float(grid["value"]) == pytest.approx(t["grid2"] / t["last"]) and float(grid["goal"]) == 3.0
