@@ -60,6 +60,6 @@ def stacked_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Ten
     denom = (v.sqrt() / bc2_sqrt).add_(ADAM_EPS)
     p.sub_((lr / bc1) * m / denom)
     if active is not None:
-        keep = _per_member(active, param).bool()
+        keep = active.reshape((-1,) + (1,) * (param.dim() - 1)).to(param.device)  # (M, 1, ...) bool
         for dst, new in ((param, p), (exp_avg, m), (exp_avg_sq, v)):
             dst.copy_(torch.where(keep, new, dst))
