@@ -8,6 +8,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
+# pytest-xdist workers of `make test` (each test module stays on one worker: --dist loadscope)
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 LOCK := requirements.lock
 # The lock is for this target: Linux x86-64 (glibc >= 2.28), CPython 3.11.
@@ -35,7 +37,7 @@ study: install
 	$(BIN)/snakemake --cores $(CORES)
 
 test: check-lock
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 $(LOCKENV)/bin/uv:
 	$(PYTHON) -m venv $(LOCKENV)

@@ -134,6 +134,15 @@ def test_plan_imports_no_torch():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_the_query_cli_imports_no_torch():
+    """Querying results (DuckDB over Parquet) starts in a fraction of a second: no torch."""
+    code = ("import sys, pipeline_src.store.query, pipeline_src.store.results_db\n"
+            "print(sorted(k for k in ('torch', 'timm', 'opacus') if k in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_rules_import_only_parse_time_modules():
     """The Snakefile and rules import only `plan` and the per-kind facts (`methods.kinds`)."""
     rules = sorted((REPO / "workflow" / "rules").glob("*.smk")) + [REPO / "Snakefile"]

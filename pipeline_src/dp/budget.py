@@ -7,6 +7,7 @@ Gaussian mechanism, accounted by Opacus' RDP (Mironov et al. 2019) or PRV
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from opacus.accountants import create_accountant
@@ -24,6 +25,13 @@ def steps_per_epoch(n_samples: int, batch_size: int) -> int:
     return math.ceil(n_samples / batch_size)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments, and seconds of accounting per call
+def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
+    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                      steps=steps, accountant=accountant))
+
+
+@functools.lru_cache(maxsize=256)
 def epsilon_for(*, sigma: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
     """ε spent by `steps` subsampled Gaussian steps, from Opacus' accountant.
 
@@ -76,8 +84,7 @@ def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int
     sample_rate = 1.0 / spe
     steps = spe * epochs
     try:
-        sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                     steps=steps, accountant=accountant)
+        sigma = _noise_multiplier(float(epsilon), float(delta), sample_rate, steps, accountant)
     except ValueError as e:
         raise InfeasibleBudget(f"no noise multiplier reaches epsilon={epsilon}, delta={delta} in {steps} steps "
                                f"at sampling rate {sample_rate:.4g} ({accountant}): {e}") from e

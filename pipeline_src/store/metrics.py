@@ -32,13 +32,16 @@ from __future__ import annotations
 import resource
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import torch
 
 from pipeline_src.plan.environment import fingerprint_json
 from pipeline_src.store.atomic import write_parquet
 from pipeline_src.store.provenance import git_commit
+
+if TYPE_CHECKING:  # the query CLI reads this schema without loading torch
+    import torch
 
 SCHEMA_VERSION = 2  # 2: + environment
 
@@ -69,6 +72,8 @@ METRICS_SCHEMA = pa.schema([
 def peak_memory_mb(device: torch.device) -> float:
     """CUDA max allocated on a GPU, else this process's max resident set size."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 

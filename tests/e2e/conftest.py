@@ -9,16 +9,19 @@ caches are never built twice in one session.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from tests.conftest import REPO, snakemake
 
 # What every study of the same dataset, backbone and seed shares: the prepared samples, the
 # backbone (and its metrics row), the feature caches and the upstream signature they depend on.
+DONE = ".tiny_study_done"  # written after the study finished
 PREPARED = ("prepare", "pretrain", "metrics/pretrain", "features", "signatures/upstream.json")
 
 
@@ -33,13 +36,21 @@ def tiny_study(tmp_path_factory) -> Path:
 
     Read it, or dry-run against it; never write into it: copy it with `copy_study` first.
     """
-    workdir = tmp_path_factory.mktemp("tiny_study")
-    cfg = tiny_config()
-    cfg["device"] = "cpu"  # the golden accuracies are CPU numbers, whatever machine runs the tests
-    cfg["resources"] = {"gpu": 1}
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    snakemake(workdir, "--cores", "2", "--resources", "gpu=2", PIPELINE_NUM_GPUS="2",
-              PIPELINE_GPU_LOCK_DIR=str(workdir / "gpu-locks"))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # one study for all the workers of a `pytest -n` run
+    workdir = root / "tiny_study"
+    with FileLock(f"{workdir}.lock"):  # the first worker builds it; the others wait, then read it
+        if not (workdir / DONE).exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # a half-built study of a worker that failed
+            workdir.mkdir()
+            cfg = tiny_config()
+            cfg["device"] = "cpu"  # the golden accuracies are CPU numbers, whatever machine runs the tests
+            cfg["resources"] = {"gpu": 1}
+            (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+            snakemake(workdir, "--cores", "2", "--resources", "gpu=2", PIPELINE_NUM_GPUS="2",
+                      PIPELINE_GPU_LOCK_DIR=str(workdir / "gpu-locks"))
+            (workdir / DONE).touch()
     return workdir
 
 
