@@ -157,11 +157,22 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
     cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes, paper_used) or "feasible")
 
 
-def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> None:
-    """Every (ε, shard size) must be reachable by some σ within the planned steps."""
+def _least_epsilon(accountant: str, sample_rate: float, steps: int, delta: float) -> tuple[float, str]:
+    """The least ε any σ Opacus tries reaches in `steps` steps (ε at the largest σ), and why it is
+    infinite when the accountant fails there. Seconds per call at such a σ: computed once per plan."""
     # Opacus directly, not pipeline_src.dp (whose import pulls in timm and the samplers): parse time matters.
     from opacus.accountants import create_accountant
 
+    try:
+        acc = create_accountant(mechanism=accountant)
+        acc.history = [(LARGEST_SIGMA_TRIED, sample_rate, steps)]
+        return float(acc.get_epsilon(delta=delta)), ""
+    except Exception as e:  # an accountant failing at this σ cannot plan it either
+        return float("inf"), f" ({type(e).__name__}: {e})"
+
+
+def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> None:
+    """Every (ε, shard size) must be reachable by some σ within the planned steps."""
     # (steps per epoch, epochs, N): ours as pipeline_src.dp.budget.steps_per_epoch, ceil(n / batch_size)
     # at rate 1/that; the paper protocol one full-batch step per epoch (rate 1)
     plans = set()
@@ -169,17 +180,13 @@ def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> No
         plans |= {(-(-s // p["batch_size"]), p["epochs"], n) for n in p["shards"] for s in sizes[n]}
     if paper_used:
         plans |= {(1, p["paper"]["epochs"], n) for n in p["shards"]}
+    floors = {}  # (steps per epoch, steps) -> least ε: it does not depend on the target ε
     for i, eps in enumerate(p["epsilons"]):
         for spe, epochs, n in sorted(plans):
             steps = spe * epochs
-            try:
-                acc = create_accountant(mechanism=p["accountant"])
-                acc.history = [(LARGEST_SIGMA_TRIED, 1.0 / spe, steps)]
-                floor = float(acc.get_epsilon(delta=p["delta"]))
-            except Exception as e:  # an accountant failing at this σ cannot plan it either
-                floor, why = float("inf"), f" ({type(e).__name__}: {e})"
-            else:
-                why = ""
+            if (spe, steps) not in floors:
+                floors[spe, steps] = _least_epsilon(p["accountant"], 1.0 / spe, steps, p["delta"])
+            floor, why = floors[spe, steps]
             if floor > eps:
                 raise _error(f"privacy.epsilons[{i}]", f"ε = {eps} is infeasible: no noise multiplier up to "
                              f"{LARGEST_SIGMA_TRIED:g} reaches it with δ = {p['delta']} in {steps} steps at sampling "
