@@ -38,7 +38,7 @@ def test_config_refuses_a_non_tangent_method():
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tiny_study):
-    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("ablations"))
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("ablations"), parts=None)  # only the ablation jobs run
     (workdir / "config.yaml").write_text(yaml.safe_dump(_config()))
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2", "ablations"))
     assert sum("results/metrics/ablation/taft-1/" in p for p in planned) == 4 + 2

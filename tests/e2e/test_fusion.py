@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tiny_study):
-    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("fusion_study"))
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("fusion_study"), parts=None)  # its shard models too
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg.update(yaml.safe_load((REPO / ".test" / "fusion.yaml").read_text()))
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))

@@ -35,7 +35,7 @@ def small_config() -> dict:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tiny_study) -> Path:
-    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("report_study"))
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("report_study"), parts=None)  # its trained models too
     (workdir / "config.yaml").write_text(yaml.safe_dump(small_config()))
     snakemake(workdir, "--cores", "2", timeout=1200)
     return workdir

@@ -44,7 +44,7 @@ def _config() -> dict:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tiny_study) -> Path:
-    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("unlearning"))
+    workdir = copy_study(tiny_study, tmp_path_factory.mktemp("unlearning"), parts=None)  # the same forget study: reused
     (workdir / "config.yaml").write_text(yaml.safe_dump(_config()))
     snakemake(workdir, *TARGETS, "--cores", "2")
     return workdir
