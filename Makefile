@@ -37,7 +37,7 @@ study: install
 	$(BIN)/snakemake --cores $(CORES)
 
 test: check-lock
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 $(LOCKENV)/bin/uv:
 	$(PYTHON) -m venv $(LOCKENV)

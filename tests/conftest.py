@@ -75,3 +75,22 @@ def float64_default():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+# The longest modules first, so that `make test`'s workers (pytest-xdist, one module per worker,
+# taken in collection order with --no-loadscope-reorder) do not end on one long module while the
+# other worker idles. The first one builds the shared tiny study (tests/e2e/conftest.py) while
+# the second runs a module that does not need it. Only the order changes, never what runs.
+RUN_FIRST = (
+    "tests/e2e/test_privacy.py",      # the shared tiny study, then the DP study
+    "tests/e2e/test_slurm.py",        # its own study, locally and through Slurm (when a cluster is up)
+    "tests/steps/test_memory.py",     # prepare, features and train at two dataset sizes
+    "tests/e2e/test_reliability.py",
+    "tests/e2e/test_interrupt.py",
+    "tests/e2e/test_fusion.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {path: i for i, path in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
