@@ -18,7 +18,7 @@ from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.dataset_layouts import MANIFEST_SUFFIXES
 from pipeline_src.plan.errors import ConfigError
-from pipeline_src.plan.feature_budget import budget_report
+from pipeline_src.plan.feature_budget import budget_report, image_store_line
 from pipeline_src.plan.forget import check_forget_section
 from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
@@ -201,14 +201,15 @@ def _check_dataset_path(dataset_cfg: dict, cache_dir: str | Path | None) -> None
 
 
 def check_cache_budget(cfg: dict) -> list[str]:
-    """The estimated size of each feature cache, one line each; refuses a study over
-    `features.max_cache_gb`, naming the cache (`plan/feature_budget.py`)."""
+    """The estimated size of the image store and of each feature cache, one line each; refuses
+    a study whose feature caches exceed `features.max_cache_gb`, naming the cache (`plan/feature_budget.py`)."""
     from pipeline_src.plan.forget import samples_table
 
-    lines, error = budget_report(cfg, samples_table(cfg).num_rows)
+    num_samples = samples_table(cfg).num_rows
+    lines, error = budget_report(cfg, num_samples)
     if error:
         raise ConfigError(error)
-    return lines
+    return [image_store_line(cfg, num_samples), *lines]
 
 
 def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:

@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 
 from pipeline_src.plan.config import ConfigError, validate_config
-from pipeline_src.plan.feature_budget import budget_report, cache_sizes, kept_blocks, side_everys, timm_shape
+from pipeline_src.plan.feature_budget import (
+    budget_report,
+    cache_sizes,
+    image_store_line,
+    kept_blocks,
+    side_everys,
+    timm_shape,
+)
 
 
 @pytest.mark.parametrize("name,shape", [
@@ -68,3 +75,9 @@ def test_validation_refuses_the_default_study_under_a_tiny_budget():
     with pytest.raises(ConfigError, match=r"features.max_cache_gb.*'blocks' feature cache.*features.cache: false"):
         validate_config({**cfg, "features": {"max_cache_gb": 0.001}})
     validate_config({**cfg, "features": {"max_cache_gb": 0.001, "cache": False}})
+
+
+def test_the_image_store_size_is_stated_too():
+    cfg = {**base_b16_cfg({}), "dataset": {"img_size": 224, "in_chans": 3}}
+    line = image_store_line(cfg, 30_000)  # 30,000 x 3 x 224 x 224 bytes
+    assert "'results/prepare/images.npy': 4.52 GB (30000 images x 3 x 224 x 224 x uint8)" in line
