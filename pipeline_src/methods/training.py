@@ -79,5 +79,11 @@ def fit(
 
 @torch.no_grad()
 def batched_apply(fn: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Apply `fn` to `inputs` in chunks and concatenate (for features and evaluation)."""
+    """Apply `fn` to `inputs` in chunks and concatenate (for features and evaluation).
+
+    Args:
+        fn: maps a batch to outputs.
+        inputs: a tensor, or anything sliceable with `len` (`CachedRows` reads each chunk's rows then).
+        batch_size: rows per chunk.
+    """
     return torch.cat([fn(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)])
