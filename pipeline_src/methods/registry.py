@@ -204,9 +204,10 @@ def train_last(model: SideTuned, features, labels, settings: dict, seed: int, de
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
                                progress=progress, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
-    with torch.no_grad():
-        first = torch.arange(min(512, len(labels)))
-        loss = F.cross_entropy(model.forward_from_prefix(features[first]), labels[first.to(labels.device)]).item()
+    n, b = min(512, len(labels)), settings["batch_size"]
+    with torch.no_grad():  # a training batch at a time: the job's memory stays that of one batch
+        loss = sum(F.cross_entropy(model.forward_from_prefix(features[torch.arange(s, min(s + b, n))]),
+                                   labels[s:min(s + b, n)], reduction="sum").item() for s in range(0, n, b)) / n
     print(f"{desc}: final training loss (first 512 samples) {loss:.4f}", flush=True)
     return {"train_loss": loss}
 
