@@ -79,7 +79,7 @@ def main(args) -> None:
                 h = split_feats[torch.arange(s, min(s + batch_size, len(data.ids)))]
                 for out, (side, own) in zip(logits, sides):
                     out.append(side(list(h[:, own].unbind(1))).cpu())
-        for point, member, out in zip(points, members, logits):
+        for point, out in zip(points, logits):
             values = classification_metrics(torch.cat(out), split_labels.cpu())
             context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=job.name, kind="last",
                            model=MODEL, variant=point_variant(point), shards=job.shards, shard_id=shard, seed=job.seed,

@@ -20,7 +20,6 @@ from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.provenance import state_digest
 
-
 PREFIX_BATCH = 256  # images per no-grad prefix batch when training without a cache (fixed: it may round differently)
 
 

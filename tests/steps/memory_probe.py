@@ -25,7 +25,8 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
     from tests.steps.helpers import folder_config, run_features, run_prepare, step_args, write_backbone
 
     cfg = folder_config(root, dataset={"source": "imagefolder", "path": str(root), "img_size": 224, "in_chans": 3},
-                        features={"dtype": "float16"})
+                        features={"dtype": "float16"},
+                        methods={"last": {"kind": "last", "rank": 4, "heads": 2, "every": 1}})  # reads all 5 blocks
     samples = results / "prepare" / "samples.parquet"
     if step == "prepare":
         run_prepare(cfg, results)
