@@ -41,7 +41,8 @@ def fit(
         forward: maps a batch of `inputs` to logits.
         params: the parameters to train (everything else is frozen).
         inputs, labels: the whole training set, already on the training device (or inputs made per
-            batch: anything with `len`, `device` and `inputs[idx]`, e.g. `data.augment.AugmentedInputs`).
+            batch: anything with `len`, `device` and `inputs[idx]`, e.g. `data.augment.AugmentedInputs`, or
+            `data.feature_cache.CachedRows`, which reads a batch's cache rows when drawn).
         seed: seeds the batch order (a generator of its own, so no global RNG is touched).
         schedule: `train.schedule` (`plan/schedule.py`), applied per optimizer step; None: constant.
     Returns:
