@@ -11,6 +11,12 @@ every step's log ends with: `pipeline_src/runner/execute.py`) and their wall tim
 `results/`, its feature caches and its images. Goal: for every job type but `prepare`'s
 fixed buffers, peak RSS at the largest size ≤ 1.2× that at the smallest.
 
+Evaluation runs `train.eval_batch_size` = 64 images at a time (EVAL_BATCH): the test split
+(30 %: 150 images at 500) fills such batches at every size, so `evaluate` compares one full
+batch with one full batch. At the default 256 its peak grows with the split until the split
+fills a batch (taft-1 ViT-Ti: 1.51 GB at 150 test images, 1.95 GB at 600), which is the batch
+size, not the dataset.
+
     python benchmarks/bench_scale.py                      # 500 and 2,000 images
     python benchmarks/bench_scale.py --sizes 8000 --cores 8
     python benchmarks/bench_scale.py --sizes 100 --work /tmp/scale_smoke    # a quick check
@@ -37,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows  # noqa: E402
 
+EVAL_BATCH = 64  # images per evaluation batch: full at every size benchmarked (see the docstring)
 PEAK = re.compile(r"^\[launch\] peak RSS ([\d.]+) MB, wall ([\d.]+) s$", re.M)
 
 
@@ -64,7 +71,7 @@ def study_config(root: Path, shards: int, every: int) -> dict:
         "backbone": {"source": "timm", "timm_name": "vit_tiny_patch16_224", "pretrained": False},
         "methods": {"taft-1": {"kind": "taft", "k": 1}, "nlft-1": {"kind": "nlft", "k": 1},
                     "last": {"kind": "last", "rank": 16, "heads": 4, "every": every}},
-        "train": {"epochs": 1, "batch_size": 32}, "shards": [shards], "seeds": [0],
+        "train": {"epochs": 1, "batch_size": 32, "eval_batch_size": EVAL_BATCH}, "shards": [shards], "seeds": [0],
     }
 
 

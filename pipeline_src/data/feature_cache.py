@@ -3,7 +3,8 @@
 A job reads only the rows it needs (`npy_rows.NpyRows`: positional reads, sorted so they go
 forward through the file; the file is an ordinary `.npy` that `np.load(mmap_mode="r")` opens
 too) and gets float32 torch tensors, converted chunk by chunk, so its memory depends on its own
-rows, never on the dataset's size.
+rows, never on the dataset's size. `CachedRows` goes further: a view of a shard's rows that
+reads only a batch's rows when a training loop indexes it, so a job holds one batch.
 
 Layout of `features.npy`: row i = samples-table row i.
     `last{k}` caches: (num_samples, tokens, dim);
@@ -146,3 +147,47 @@ class FeatureCache:
 
     def __getitem__(self, rows) -> torch.Tensor:
         return self.rows(rows)
+
+
+class CachedRows:
+    """Some rows of a cache, read and converted to float32 on `device` only when indexed: the
+    `inputs` of a training loop (`methods.training.fit`, `taft.train`, `last.train`) that holds one
+    batch, never its whole shard. `view[idx]` equals `cache.rows(rows)[idx]` bit for bit (the same
+    reads and the same float32 conversion), so training from it gives the same model.
+
+    Args:
+        cache: the feature cache.
+        rows: samples-table rows; position i of the view is row `rows[i]`.
+        device: where indexed batches go.
+        blocks: for a blocks cache, the backbone block indices to return (as `FeatureCache.rows`).
+    """
+
+    def __init__(self, cache: FeatureCache, rows: Sequence[int] | np.ndarray, device: torch.device | str = "cpu",
+                 blocks: Sequence[int] | None = None) -> None:
+        self.cache, self.device = cache, torch.device(device)
+        self.rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        self.blocks = None if blocks is None else list(blocks)
+        n = len(cache)
+        if len(self.rows) and (self.rows.min() < 0 or self.rows.max() >= n):  # fail before training, not mid-epoch
+            bad = int(self.rows[(self.rows < 0) | (self.rows >= n)][0])
+            raise IndexError(f"feature cache {cache.path}: row {bad} out of range (it has {n} rows); "
+                             f"rerun `features` after `prepare`")
+        row_shape = tuple(cache.array.shape[1:])
+        if self.blocks is not None:
+            row_shape = (len(cache.positions(self.blocks)), *row_shape[1:])  # names missing blocks now
+        self.shape = (len(self.rows), *row_shape)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: torch.Tensor | np.ndarray | slice) -> torch.Tensor:
+        """float32 (B, ...) features of these positions (a tensor or array of ints, or a slice), on `device`."""
+        if isinstance(idx, slice):
+            pos = np.arange(len(self.rows))[idx]
+        else:
+            pos = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64).reshape(-1)
+        return self.cache.rows(self.rows[pos], blocks=self.blocks).to(self.device)
+
+    def load(self) -> torch.Tensor:
+        """Every row at once (O(rows) float32): for consumers that need one tensor (DP's TensorDataset)."""
+        return self[:]

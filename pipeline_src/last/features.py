@@ -18,10 +18,14 @@ Cached form: `extract_feature_dict` keys tensors by **backbone block index**:
 "z0".."zL". Keying by block index (not by side-block index) lets one cache extracted
 with every=1 serve side networks of any spacing g (they read "z0", "zg", "z2g", ...);
 `side_inputs` does that selection and names any missing key.
+
+Trainers draw these features one batch at a time through `BlockBatches`: either such a dict or
+one stacked source (n, len(blocks), N, D), e.g. `data.feature_cache.CachedRows` over a `blocks`
+cache, which is read once per batch (only the batch's rows) and split per block.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -132,3 +136,47 @@ def side_inputs(features: Mapping[str, Tensor], *, every: int, depth: int) -> li
         raise KeyError(f"LAST features: missing keys {missing} for every={every}, depth={depth}; "
                        f"have {sorted(features)} (extract with every=1 to serve any spacing)")
     return [features[k] for k in keys]
+
+
+class BlockBatches:
+    """Block-indexed features ("z0", "z{k}", ...) of n samples, drawn one batch at a time.
+
+    Args:
+        features: a dict {"z{k}": (n, N, D)}, or one stacked source of shape (n, len(blocks), N, D)
+            indexable by a tensor of positions (a tensor, or `CachedRows` that reads only those rows).
+        blocks: the backbone block index of each position of a stacked source's dim 1 (dicts: None).
+    """
+
+    def __init__(self, features: Mapping[str, Tensor] | Any, blocks: Sequence[int] | None = None) -> None:
+        self.stacked = not isinstance(features, Mapping)
+        if self.stacked:
+            if blocks is None:
+                raise ValueError("LAST BlockBatches: a stacked feature source needs its block indices")
+            if features.shape[1] != len(blocks):
+                raise ValueError(f"LAST features: dim 1 holds {features.shape[1]} block outputs, expected blocks "
+                                 f"{list(blocks)}; read a blocks cache with those blocks")
+            self.keys = [f"z{b}" for b in blocks]
+        else:
+            self.keys = list(features)
+        self.features = features
+        self.lengths = {"stacked": len(features)} if self.stacked else {k: v.shape[0] for k, v in features.items()}
+
+    def __len__(self) -> int:
+        return next(iter(self.lengths.values()), 0)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.keys
+
+    def select(self, *, every: int, depth: int) -> list[str]:
+        """The keys a side network of spacing `every` reads (`side_inputs`'s error names missing ones)."""
+        keys = feature_keys(depth, every)
+        side_inputs({k: None for k in self.keys}, every=every, depth=depth)
+        return keys
+
+    def batch(self, idx: Tensor, keys: Sequence[str]) -> dict[str, Tensor]:
+        """{key: (B, N, D)} of the samples at positions `idx` (one read of a stacked source)."""
+        if not self.stacked:
+            return {k: self.features[k][idx] for k in keys}
+        h = self.features[idx]  # (B, len(blocks), N, D)
+        # contiguous: each block's batch laid out as a dict entry's `z[idx]` is, so results match it bit for bit
+        return {k: h[:, self.keys.index(k)].contiguous() for k in keys}

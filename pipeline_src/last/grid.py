@@ -27,7 +27,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
 from torch.func import stack_module_state
 
-from pipeline_src.last.features import feature_keys, side_inputs
+from pipeline_src.last.features import BlockBatches, feature_keys, side_inputs
 from pipeline_src.last.low_rank_stream import stacked_logits
 from pipeline_src.last.train import (
     ARCH_KEYS,
@@ -131,7 +131,7 @@ class SideGrid:
         return out
 
 
-def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor], labels: Tensor, members: list[Mapping],
+def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor] | BlockBatches, labels: Tensor, members: list[Mapping],
                     *, num_classes: int, epochs: int, batch_size: int, seed: int,
                     progress: Progress | None = None, schedule: dict | None = None) -> list[dict[str, Tensor]]:
     """Train all members at once; return their state dicts in the given order.
@@ -140,7 +140,8 @@ def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor],
 
     Args:
         backbone: the frozen backbone the features came from.
-        features: block-indexed feature dict ("z0".."z{depth}"); extract with every=1 to serve any g.
+        features: block-indexed feature dict ("z0".."z{depth}"; extract with every=1 to serve any g), or
+            `BlockBatches` (e.g. over a blocks cache read one batch at a time).
         labels: (N,) int64 class indices.
         members: member dicts (see `train.py`).
         num_classes: classifier outputs.
@@ -150,12 +151,14 @@ def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor],
         progress: optional callback (epoch, step, per-member losses of shape (num_members,)).
         schedule: `train.schedule`, the same factor for every member at each step.
     """
-    n = check_dataset(features, labels, num_classes)
+    source = features if isinstance(features, BlockBatches) else BlockBatches(features)
+    n = check_dataset(source, labels, num_classes)
     grid = SideGrid(backbone, members, num_classes=num_classes)
+    keys = [k for k in grid.keys if k in source]
     dev = next(backbone.parameters()).device
     steps_per_epoch = -(-n // batch_size)
     for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):
-        batch = {k: features[k][idx].to(dev) for k in grid.keys if k in features}
+        batch = {k: z.to(dev) for k, z in source.batch(idx, keys).items()}
         for g in grid.groups:
             g.lr_factor = lr_factor(schedule or {}, step, steps_per_epoch, epochs * steps_per_epoch)
         losses = grid.step(batch, labels[idx].to(dev))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
 
-from pipeline_src.last.features import side_inputs
+from pipeline_src.last.features import BlockBatches
 from pipeline_src.last.side_network import SideNetwork
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
 from pipeline_src.plan.schedule import apply_schedule
@@ -68,14 +68,15 @@ def batch_order(n: int, *, batch_size: int, epochs: int, seed: int) -> list[Tens
     return [idx for _ in range(epochs) for idx in torch.randperm(n, generator=g).split(batch_size)]
 
 
-def check_dataset(features: Mapping[str, Tensor], labels: Tensor, num_classes: int) -> int:
-    """Validate a cached feature dict against labels; return the number of samples."""
-    if not features:
+def check_dataset(features: Mapping[str, Tensor] | BlockBatches, labels: Tensor, num_classes: int) -> int:
+    """Validate block-indexed features (a dict or `BlockBatches`) against labels; return the number of samples."""
+    source = features if isinstance(features, BlockBatches) else BlockBatches(features)
+    if not source.keys:
         raise ValueError("LAST: empty feature dict")
     n = labels.shape[0]
-    bad = {k: tuple(v.shape) for k, v in features.items() if v.shape[0] != n}
+    bad = {k: m for k, m in source.lengths.items() if m != n}
     if bad:
-        raise ValueError(f"LAST: feature tensors {bad} do not match {n} labels")
+        raise ValueError(f"LAST: feature rows {bad} do not match {n} labels")
     if labels.dtype != torch.long or labels.dim() != 1:
         raise ValueError(f"LAST: labels must be a 1-D int64 tensor, got {labels.dtype} of shape {tuple(labels.shape)}")
     if n and (labels.min() < 0 or labels.max() >= num_classes):
@@ -83,14 +84,15 @@ def check_dataset(features: Mapping[str, Tensor], labels: Tensor, num_classes: i
     return n
 
 
-def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tensor], labels: Tensor, member: Mapping,
+def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tensor] | BlockBatches, labels: Tensor, member: Mapping,
                        *, num_classes: int, epochs: int, batch_size: int, seed: int,
                        progress: Progress | None = None, schedule: dict | None = None) -> dict[str, Tensor]:
     """Train one side network with torch.optim.AdamW; return its state dict (on the CPU).
 
     Args:
         backbone: the frozen backbone the features came from (read for shapes and norms only).
-        features: block-indexed feature dict ("z0".."z{depth}", see `features.py`), on any device.
+        features: block-indexed feature dict ("z0".."z{depth}", see `features.py`), on any device, or
+            `BlockBatches` (e.g. over a blocks cache read one batch at a time).
         labels: (N,) int64 class indices.
         member: side network + optimizer description (see module doc).
         num_classes: classifier outputs.
@@ -101,15 +103,16 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
         schedule: `train.schedule` (`plan/schedule.py`), per optimizer step; None: constant lr.
     """
     m = normalize_member(member)
-    n = check_dataset(features, labels, num_classes)
+    source = features if isinstance(features, BlockBatches) else BlockBatches(features)
+    n = check_dataset(source, labels, num_classes)
     net = build_side_network(backbone, m, num_classes=num_classes)
     dev = next(net.parameters()).device
     opt = torch.optim.AdamW(net.parameters(), lr=m["lr"], weight_decay=m["weight_decay"],
                             betas=ADAM_BETAS, eps=ADAM_EPS)
-    feats = side_inputs(features, every=m["every"], depth=len(backbone.blocks))
+    keys = source.select(every=m["every"], depth=len(backbone.blocks))
     steps_per_epoch = -(-n // batch_size)
     for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):
-        batch = [z[idx].to(dev) for z in feats]
+        batch = [z.to(dev) for z in source.batch(idx, keys).values()]
         loss = F.cross_entropy(net(batch), labels[idx].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()

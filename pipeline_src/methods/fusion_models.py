@@ -135,11 +135,13 @@ def trained_part(full: dict, like: dict) -> dict:
 
 
 def prefix_inputs(tuned: nn.Module, store: SampleStore, ids: list[str], features: FeatureCache | None,
-                  backbone_record: dict, device: torch.device) -> torch.Tensor:
-    """Frozen-prefix features of these samples: rows of the cached features, or computed."""
+                  backbone_record: dict, device: torch.device, batch_size: int = 256) -> torch.Tensor:
+    """Frozen-prefix features of these samples (held: O(ids)): rows of the cached features, or
+    computed from images read `batch_size` at a time (`train.eval_batch_size`)."""
     if features is not None:
         return features.rows([store.row_of[i] for i in ids], blocks=getattr(tuned, "cache_blocks", None)).to(device)
-    return store.apply(tuned.prefix, ids, backbone_record["mean"], backbone_record["std"], device)
+    return store.apply(tuned.prefix, ids, backbone_record["mean"], backbone_record["std"], device,
+                       batch_size=batch_size)
 
 
 def load_features(path: str | None) -> FeatureCache | None:

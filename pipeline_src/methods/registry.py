@@ -18,7 +18,7 @@ from torch import nn
 
 from pipeline_src.data.throughput import Throughput
 from pipeline_src.data.vit_parts import reset_head
-from pipeline_src.last.features import extract_features
+from pipeline_src.last.features import BlockBatches, extract_features
 from pipeline_src.last.train import build_side_network, train_side_network
 from pipeline_src.methods.kinds import LAST_DEFAULTS
 from pipeline_src.methods.nonlinear import TailFineTune
@@ -44,7 +44,8 @@ class Method:
     Args:
         kind: the config's `kind`.
         build: (backbone copy with the downstream head, method config) → tuned model.
-        train: (model, prefix features, labels, settings, seed, description) → stats.
+        train: (model, prefix features, labels, settings, seed, description) → stats; the features are a
+            tensor or a source that makes them per batch (`len`, `.device`, `features[idx]`: `CachedRows`).
         paper: the method's reference.
     """
 
@@ -191,7 +192,8 @@ class SideTuned(nn.Module):
 
 def train_last(model: SideTuned, features, labels, settings: dict, seed: int, desc: str) -> dict:
     member = {**model.member, "lr": settings["lr"], "weight_decay": settings["weight_decay"]}
-    feats = {f"z{b}": features[:, j] for j, b in enumerate(model.cache_blocks)}
+    # (n, blocks, N, D) stacked: a tensor, or `CachedRows` read one batch at a time (split per block)
+    feats = BlockBatches(features, model.cache_blocks)
     meter, steps_per_epoch = Throughput(desc), -(-len(labels) // settings["batch_size"])
 
     def progress(epoch: int, step: int, loss: torch.Tensor) -> None:
@@ -202,8 +204,10 @@ def train_last(model: SideTuned, features, labels, settings: dict, seed: int, de
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
                                progress=progress, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
-    with torch.no_grad():
-        loss = F.cross_entropy(model.forward_from_prefix(features[:512]), labels[:512]).item()
+    n, b = min(512, len(labels)), settings["batch_size"]
+    with torch.no_grad():  # a training batch at a time: the job's memory stays that of one batch
+        loss = sum(F.cross_entropy(model.forward_from_prefix(features[torch.arange(s, min(s + b, n))]),
+                                   labels[s:min(s + b, n)], reduction="sum").item() for s in range(0, n, b)) / n
     print(f"{desc}: final training loss (first 512 samples) {loss:.4f}", flush=True)
     return {"train_loss": loss}
 

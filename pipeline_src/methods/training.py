@@ -41,7 +41,8 @@ def fit(
         forward: maps a batch of `inputs` to logits.
         params: the parameters to train (everything else is frozen).
         inputs, labels: the whole training set, already on the training device (or inputs made per
-            batch: anything with `len`, `device` and `inputs[idx]`, e.g. `data.augment.AugmentedInputs`).
+            batch: anything with `len`, `device` and `inputs[idx]`, e.g. `data.augment.AugmentedInputs`, or
+            `data.feature_cache.CachedRows`, which reads a batch's cache rows when drawn).
         seed: seeds the batch order (a generator of its own, so no global RNG is touched).
         schedule: `train.schedule` (`plan/schedule.py`), applied per optimizer step; None: constant.
     Returns:
@@ -79,5 +80,11 @@ def fit(
 
 @torch.no_grad()
 def batched_apply(fn: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Apply `fn` to `inputs` in chunks and concatenate (for features and evaluation)."""
+    """Apply `fn` to `inputs` in chunks and concatenate (for features and evaluation).
+
+    Args:
+        fn: maps a batch to outputs.
+        inputs: a tensor, or anything sliceable with `len` (`CachedRows` reads each chunk's rows then).
+        batch_size: rows per chunk.
+    """
     return torch.cat([fn(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)])

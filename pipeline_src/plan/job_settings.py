@@ -20,8 +20,8 @@ def train_settings(cfg: dict, method_cfg: dict) -> dict:
 
 
 # How a job reads its data, not what it computes (trained tensors are bit-identical at any value:
-# tests/steps/test_train_from_images.py), so changing it reruns nothing.
-RUN_ONLY = ("num_workers",)
+# tests/steps/test_train_from_images.py; eval_batch_size is used only by evaluation), so changing it reruns nothing.
+RUN_ONLY = ("num_workers", "eval_batch_size")
 
 
 def training_signature(cfg: dict, method_cfg: dict) -> str:

@@ -1,7 +1,8 @@
 """evaluate: accuracy and loss on the test split, one Parquet file per evaluated model.
 
 One input model is evaluated as itself; several are evaluated as their ensemble (mean logits).
-A single model also gets `weight_distance`, the L2 distance of its trained tensors from their
+Images are read and converted `train.eval_batch_size` at a time, so the job's memory stops
+growing with the test split once the split fills one batch. A single model also gets `weight_distance`, the L2 distance of its trained tensors from their
 starting values (TAFT Fig. 4; `methods/weight_distance.py`).
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ def main(args: StepArgs) -> None:
         model.to(device).eval()
         with torch.no_grad():  # images are read from the store and converted one batch at a time
             all_logits.append(store.apply(lambda x, m=model: m(x).cpu(), test.ids, backbone_record["mean"],
-                                          backbone_record["std"], device, workers=cfg["train"]["num_workers"]))
+                                          backbone_record["std"], device, batch_size=cfg["train"]["eval_batch_size"],
+                                          workers=cfg["train"]["num_workers"]))
     logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
     values = classification_metrics(logits, test.labels)
     if len(args.input.models) == 1:

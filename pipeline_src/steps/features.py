@@ -4,7 +4,7 @@ sample, so shard jobs never rerun the frozen blocks.
 
 Images are read and converted per batch and each batch's features are appended to a `.npy`
 in `features.dtype` (`data/feature_cache.py`), so the job's memory does not
-grow with the dataset. Shard jobs read their own rows with `load_rows`.
+grow with the dataset. Shard jobs read their own rows, a batch at a time (`CachedRows`).
 """
 from __future__ import annotations
 

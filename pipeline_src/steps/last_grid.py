@@ -30,6 +30,7 @@ def main(args) -> None:
 
     import torch
 
+    from pipeline_src.last.features import BlockBatches
     from pipeline_src.last.grid import train_side_grid
     from pipeline_src.last.train import build_side_network
     from pipeline_src.methods.evaluation import classification_metrics
@@ -53,26 +54,33 @@ def main(args) -> None:
                 "weight_decay": job.settings["weight_decay"]} for p in points]
     backbone = model.backbone
     num_classes = backbone.num_classes
-    feats = {f"z{b}": features[:, j] for j, b in enumerate(blocks)}
+    feats = BlockBatches(features, blocks)  # with a cache: each batch's rows read once, split per block
     states = train_side_grid(backbone, feats, labels, members, num_classes=num_classes,
                              epochs=job.settings["epochs"], batch_size=job.settings["batch_size"],
                              seed=shard_seed(job.seed, shard), schedule=job.settings.get("schedule"))
     print(f"trained {len(members)} side networks of {job.name} n{job.shards} shard {shard} on {len(ids)} samples "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    sides = []
+    for member, state in zip(members, states):
+        side = build_side_network(backbone, member, num_classes=num_classes).to(job.device)
+        side.load_state_dict(state)
+        own = [blocks.index(b) for b in range(0, depth + 1, member["every"])]  # this member's blocks
+        sides.append((side.eval(), own))
+    batch_size = job.settings["eval_batch_size"]
     rows = []
     for split in ("val", "test"):
         data = job.store.split("target", split)
         if not data.ids:
             continue
-        _, split_feats, split_labels = job.samples_data(model, data.ids, blocks=blocks)
-        for point, member, state in zip(points, members, states):
-            model.side = build_side_network(backbone, member, num_classes=num_classes).to(job.device)
-            model.load_trainable_state(state)
-            model.eval()
-            own = [blocks.index(b) for b in range(0, depth + 1, member["every"])]  # this member's blocks
-            with torch.no_grad():
-                logits = torch.cat([model.side(list(h[:, own].unbind(1))) for h in split_feats.split(512)]).cpu()
-            values = classification_metrics(logits, split_labels.cpu())
+        _, split_feats, split_labels = job.samples_data(model, data.ids, blocks=blocks, batch_size=batch_size)
+        logits = [[] for _ in sides]
+        with torch.no_grad():  # each chunk read once (from a cache: only its rows), then every member on it
+            for s in range(0, len(data.ids), batch_size):
+                h = split_feats[torch.arange(s, min(s + batch_size, len(data.ids)))]
+                for out, (side, own) in zip(logits, sides):
+                    out.append(side(list(h[:, own].unbind(1))).cpu())
+        for point, out in zip(points, logits):
+            values = classification_metrics(torch.cat(out), split_labels.cpu())
             context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=job.name, kind="last",
                            model=MODEL, variant=point_variant(point), shards=job.shards, shard_id=shard, seed=job.seed,
                            split=split, num_samples=len(data.ids))

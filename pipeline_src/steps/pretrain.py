@@ -44,7 +44,7 @@ def main(args: StepArgs) -> None:
     stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
                 batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain")
     model.eval()
-    logits = store.apply(model, test.ids, mean, std, device).cpu()
+    logits = store.apply(model, test.ids, mean, std, device, batch_size=cfg["train"]["eval_batch_size"]).cpu()
     acc = (logits.argmax(-1) == test.labels).double().mean().item()
     print(f"pretrained on {len(train.ids)} source samples: source test accuracy {acc:.4f}")
     save_backbone(model.cpu(), {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain"},

@@ -10,16 +10,17 @@ import torch
 
 from pipeline_src.data.augment import AugmentedInputs, train_transform
 from pipeline_src.data.backbone import load_backbone
-from pipeline_src.data.feature_cache import FeatureCache
+from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
 from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.features import load_rows
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.provenance import state_digest
+
+PREFIX_BATCH = 256  # images per no-grad prefix batch when training without a cache (fixed: it may round differently)
 
 
 def shard_seed(seed: int, shard: int) -> int:
@@ -49,32 +50,32 @@ class TrainingJob:
     def new_model(self) -> TunedModel:
         return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.head_seed).to(self.device)
 
-    def shard_data(self, model: TunedModel, shard: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """(ids, frozen prefix features, labels) of one shard, from the cache when there is one."""
+    def shard_data(self, model: TunedModel, shard: int) -> tuple[list[str], torch.Tensor | CachedRows, torch.Tensor]:
+        """(ids, frozen prefix features, labels) of one shard, from the cache when there is one (see `samples_data`)."""
         return self.samples_data(model, shard_ids(self.manifest, shard))
 
     def samples_data(self, model: TunedModel, ids: list[str],
-                     blocks: list[int] | None = None) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """(ids, frozen prefix features, labels) of any samples, from the cache when there is one
-        (only their rows are read), else from their images, read and converted per batch.
+                     blocks: list[int] | None = None, batch_size: int = PREFIX_BATCH) -> tuple[list[str], torch.Tensor | CachedRows, torch.Tensor]:
+        """(ids, frozen prefix features, labels) of any samples. With a cache the features are a
+        `CachedRows` view that reads a batch's rows when indexed (the job holds one batch, not the
+        shard); without one they are computed from the images, read and converted per batch, and held
+        (O(samples) float32 prefix features, computed once rather than every epoch).
 
         Args:
             model: the tuned model whose prefix the features are.
             ids: sample ids.
             blocks: LAST only: these backbone block outputs instead of the model's own (the grid).
+            batch_size: images per batch when computing features without a cache.
         """
         data = self.store.subset(ids)
         if "features" in self.args.input._names:
-            rows = data.rows.tolist()
-            if blocks is None:
-                features = load_rows(self.args.input.features, rows, model)
-            else:
-                features = FeatureCache(self.args.input.features).rows(rows, blocks=blocks)
-            features = features.to(self.device)
+            features = CachedRows(FeatureCache(self.args.input.features), data.rows, self.device,
+                                  blocks=getattr(model, "cache_blocks", None) if blocks is None else blocks)
         else:
             fn = model.prefix if blocks is None else (lambda x: model.prefix_blocks(x, blocks))
             features = self.store.apply(fn, ids, self.backbone_record["mean"], self.backbone_record["std"],
-                                        self.device, workers=self.settings["num_workers"], autocast=self.bf16)
+                                        self.device, batch_size=batch_size, workers=self.settings["num_workers"],
+                                        autocast=self.bf16)
         return ids, features, data.labels.to(self.device)
 
     def augmented_data(self, model: TunedModel, shard: int, seed: int) -> tuple[list[str], AugmentedInputs, torch.Tensor]:

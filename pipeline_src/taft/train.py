@@ -76,7 +76,8 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
 
     Args:
         model: a TangentViT; put in eval mode; only its Δ parameters change.
-        features: `model.prefix(x)` of the training set, (n, N, D).
+        features: `model.prefix(x)` of the training set, (n, N, D): a tensor, or anything with `len` and
+            `features[idx]` (`data.feature_cache.CachedRows` reads only a batch's cache rows).
         labels: (n,) classes.
         epochs: passes over the data.
         batch_size: samples per step; the last batch of an epoch may be shorter.
@@ -131,7 +132,8 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
 
     Args:
         model: a TangentViT (the shared linearization point and initial Δ).
-        shards: (features (n_i, N, D), labels (n_i,)) per shard; n_i may differ.
+        shards: (features (n_i, N, D), labels (n_i,)) per shard; n_i may differ; features as in
+            `train_tangent` (a tensor or `CachedRows`).
         epochs, batch_size, lr, weight_decay_l2, loss, alpha, kappa, radius, schedule: as in `train_tangent`
             (each shard's schedule follows its own steps).
         seed: one shuffling seed for all shards, or one per shard.

@@ -1,4 +1,4 @@
-"""`train.augment`, `train.precision`, `train.num_workers` at validation."""
+"""`train.augment`, `train.precision`, `train.num_workers`, `train.eval_batch_size` at validation."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +15,7 @@ def test_defaults_keep_the_old_path():
     cfg = validate_config({"experiment": "x", "dataset": {"source_classes": [0]}, "methods": {"fc": {"kind": "fc"}},
                            "shards": [1]}, count_samples=False)
     assert cfg["train"]["num_workers"] == 0 and cfg["train"]["precision"] == "float32"
+    assert cfg["train"]["eval_batch_size"] == 256
     assert cfg["train"]["augment"]["enabled"] is False and cfg["train"]["augment"]["scale"] == [0.08, 1.0]
 
 
@@ -41,9 +42,11 @@ def test_bad_values_name_the_key():
         validate_config(study({"fc": {"kind": "fc"}}, precision="float16"), count_samples=False)
     with pytest.raises(ConfigError, match=r"config key 'train.augment.scale'"):
         validate_config(study({"fc": {"kind": "fc"}}, augment={"enabled": True, "scale": [0.5]}), count_samples=False)
+    with pytest.raises(ConfigError, match=r"config key 'train.eval_batch_size'"):
+        validate_config(study({"fc": {"kind": "fc"}}, eval_batch_size=0), count_samples=False)
 
 
-def test_num_workers_reruns_nothing_precision_and_augment_do():
+def test_num_workers_and_eval_batch_size_rerun_nothing_precision_and_augment_do():
     from pipeline_src.plan.job_settings import training_signature
 
     def signature(**train) -> str:
@@ -52,5 +55,5 @@ def test_num_workers_reruns_nothing_precision_and_augment_do():
         return training_signature(cfg, cfg["methods"]["fc"])
 
     base = signature()
-    assert signature(num_workers=4) == base
+    assert signature(num_workers=4) == base and signature(eval_batch_size=64) == base
     assert signature(precision="bfloat16") != base and signature(augment={"enabled": True}) != base

@@ -15,8 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from pipeline_src.data.backbone import load_backbone
-from pipeline_src.data.feature_cache import FeatureCache
-from pipeline_src.data.images import to_model_input
+from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.fusion.soup import weighted_average
 from pipeline_src.methods.evaluation import classification_metrics
@@ -27,6 +26,7 @@ from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.compose import composition_weights
+from pipeline_src.steps.train import PREFIX_BATCH
 from pipeline_src.store.metrics import metric_rows
 from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
@@ -95,11 +95,11 @@ def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: s
     settings = train_settings(ctx.cfg, ctx.method_cfg)
     t0 = time.perf_counter()
     model = ctx.new_model()
-    if ctx.features is not None:
-        features = ctx.features.rows(data.rows, blocks=getattr(model, "cache_blocks", None)).to(ctx.device)
-    else:
-        x = to_model_input(data.images, ctx.backbone_record["mean"], ctx.backbone_record["std"]).to(ctx.device)
-        features = batched_apply(model.prefix, x)
+    if ctx.features is not None:  # read one batch at a time, as the train step does
+        features = CachedRows(ctx.features, data.rows, ctx.device, blocks=getattr(model, "cache_blocks", None))
+    else:  # images read and converted per batch; the prefix features are held (O(ids))
+        features = ctx.store.apply(model.prefix, ids, ctx.backbone_record["mean"], ctx.backbone_record["std"],
+                                   ctx.device, batch_size=PREFIX_BATCH)
     stats = get_method(ctx.kind).train(model, features, data.labels.to(ctx.device),
                                        {**settings, "method": ctx.method_cfg}, train_seed, desc)
     if ctx.device.type == "cuda":
@@ -131,14 +131,15 @@ class TestSet:
     def __init__(self, ctx: StudyContext) -> None:
         test = ctx.store.split("target", "test")
         self.ids, self.labels, self.ctx = test.ids, test.labels, ctx
+        self.batch_size = ctx.cfg["train"]["eval_batch_size"]
         self.prefix = ctx.store.apply(ctx.new_model().eval().prefix, test.ids, ctx.backbone_record["mean"],
-                                      ctx.backbone_record["std"], ctx.device)
+                                      ctx.backbone_record["std"], ctx.device, batch_size=self.batch_size)
 
     @torch.no_grad()
     def logits(self, state: dict) -> torch.Tensor:
         model = self.ctx.new_model().eval()
         model.load_trainable_state(state)
-        return batched_apply(model.forward_from_prefix, self.prefix).cpu()
+        return batched_apply(model.forward_from_prefix, self.prefix, self.batch_size).cpu()
 
     def metrics(self, logits: torch.Tensor) -> dict[str, float]:
         return classification_metrics(logits, self.labels)

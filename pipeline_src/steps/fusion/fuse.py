@@ -81,7 +81,7 @@ def main(args: StepArgs) -> None:
     seconds = time.perf_counter() - t0
 
     test = store.split("target", "test")
-    h = prefix_inputs(template, store, test.ids, features, backbone_record, device)
+    h = prefix_inputs(template, store, test.ids, features, backbone_record, device, cfg["train"]["eval_batch_size"])
     values = classification_metrics(logits_from(template, fused, h), test.labels)
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
                    kind=first["method_config"]["kind"], model=f"fusion-{fusion}",

@@ -56,7 +56,7 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
     h = prefix_inputs(template, store, test.ids, load_features(args.input._names.get("features")),
-                      backbone_record, device)
+                      backbone_record, device, cfg["train"]["eval_batch_size"])
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"], kind=kind,
                    model="fusion-shard", variant=variant(cfg, init, matching), shards=int(w["shards"]), seed=seed)
     rows = []

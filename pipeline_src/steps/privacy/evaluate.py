@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
@@ -20,7 +21,6 @@ from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.methods.training import batched_apply
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.features import load_rows
 from pipeline_src.steps.privacy.compose import composed_privacy
 from pipeline_src.store.metrics import metric_rows, write_metrics
 
@@ -42,17 +42,18 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
     cached = "features" in args.input._names
-    feats = None
+    batch_size = cfg["train"]["eval_batch_size"]
     all_logits, records = [], []
     for path in args.input.models:
         model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)
         model.to(device).eval()
-        if cached:  # the prefix is frozen: the cached features are exactly its output
-            if feats is None:  # read once, with the blocks this method reads (LAST)
-                feats = load_rows(args.input.features, [store.row_of[i] for i in test.ids], model)
-            logits = batched_apply(model.forward_from_prefix, feats.to(device))
+        if cached:  # the prefix is frozen: the cached features are exactly its output, read a batch at a time
+            feats = CachedRows(FeatureCache(args.input.features), test.rows, device,
+                               blocks=getattr(model, "cache_blocks", None))  # the blocks this method reads (LAST)
+            logits = batched_apply(model.forward_from_prefix, feats, batch_size)
         else:
-            logits = store.apply(model, test.ids, backbone_record["mean"], backbone_record["std"], device)
+            logits = store.apply(model, test.ids, backbone_record["mean"], backbone_record["std"], device,
+                                 batch_size=batch_size)
         all_logits.append(logits.cpu())
         records.append(record)
     logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
