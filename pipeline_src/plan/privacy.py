@@ -171,6 +171,17 @@ def _least_epsilon(accountant: str, sample_rate: float, steps: int, delta: float
         return float("inf"), f" ({type(e).__name__}: {e})"
 
 
+def _integer_order_epsilon(sample_rate: float, steps: int, delta: float) -> float:
+    """RDP ε at the largest σ over Opacus' integer orders only: an upper bound of `_least_epsilon`
+    (a subset of orders can only raise the minimum), in milliseconds instead of seconds (the
+    fractional orders are the slow ones), so a reachable target needs no exact floor."""
+    from opacus.accountants import RDPAccountant
+
+    acc = RDPAccountant()
+    acc.history = [(LARGEST_SIGMA_TRIED, sample_rate, steps)]
+    return float(acc.get_epsilon(delta=delta, alphas=[a for a in acc.DEFAULT_ALPHAS if float(a).is_integer()]))
+
+
 def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> None:
     """Every (ε, shard size) must be reachable by some σ within the planned steps."""
     # (steps per epoch, epochs, N): ours as pipeline_src.dp.budget.steps_per_epoch, ceil(n / batch_size)
@@ -180,10 +191,15 @@ def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> No
         plans |= {(-(-s // p["batch_size"]), p["epochs"], n) for n in p["shards"] for s in sizes[n]}
     if paper_used:
         plans |= {(1, p["paper"]["epochs"], n) for n in p["shards"]}
-    floors = {}  # (steps per epoch, steps) -> least ε: it does not depend on the target ε
+    floors, bounds = {}, {}  # (steps per epoch, steps) -> least ε (and an upper bound): independent of the target
     for i, eps in enumerate(p["epsilons"]):
         for spe, epochs, n in sorted(plans):
             steps = spe * epochs
+            if p["accountant"] == "rdp":
+                if (spe, steps) not in bounds:
+                    bounds[spe, steps] = _integer_order_epsilon(1.0 / spe, steps, p["delta"])
+                if bounds[spe, steps] <= eps:
+                    continue  # reachable: the exact floor is lower still
             if (spe, steps) not in floors:
                 floors[spe, steps] = _least_epsilon(p["accountant"], 1.0 / spe, steps, p["delta"])
             floor, why = floors[spe, steps]
