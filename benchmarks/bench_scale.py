@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,7 +94,9 @@ def run_size(n: int, args) -> list[dict]:
     work = Path(args.work) / f"n{n}"
     make_image_folder(work / "data", n)
     study = work / "study"
-    study.mkdir(parents=True, exist_ok=True)
+    if study.exists():  # a study left by an earlier run would rerun only the jobs whose code changed
+        shutil.rmtree(study)
+    study.mkdir(parents=True)
     (study / "config.yaml").write_text(yaml.safe_dump(study_config(work / "data", args.shards, args.every)))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
