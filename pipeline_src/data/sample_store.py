@@ -36,27 +36,63 @@ class Subset:
 
 
 class StoredImages:
-    """Normalised images of some samples, read and converted on `inputs[idx]`: a training loop's
-    `inputs` (`methods.training.fit`) that holds no image until its batch is drawn.
+    """Normalised images of some samples, or a frozen model part's outputs on them, read and
+    computed on `inputs[idx]`: a training loop's `inputs` (`methods.training.fit`, the TAFT and
+    LAST loops) that holds no image or feature until its batch is drawn.
+
+    With `prefix` it stands in for a shard's prefix features when there is no feature cache
+    (`features.cache: false`): the frozen part runs under no_grad on each batch, every epoch, so a
+    job's memory is one batch's, whatever its shard's size (LAST's own design: no backbone graph,
+    no cache).
 
     Args:
         store: the prepared dataset.
         ids: the samples, in the order the loop's positions refer to.
         mean, std: the backbone's normalisation.
-        device: where the batches go.
+        device: where the batches go (and `prefix` runs).
+        prefix: frozen model part, float (B, C, H, W) on `device` → features; None: the images.
+        autocast: run `prefix` under bfloat16 autocast (CUDA only; `train.precision`); outputs are float32.
+        chunk: images per pass of `load()` and of a slice.
     """
 
     def __init__(self, store: SampleStore, ids: list[str], mean: list[float], std: list[float],
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, prefix: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 autocast: bool = False, chunk: int = 256) -> None:
         self.store, self.rows, self.mean, self.std = store, store.rows(ids), mean, std
-        self.device = torch.device(device)
+        self.device, self.prefix, self.autocast, self.chunk = torch.device(device), prefix, autocast, chunk
+        self._row_shape: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
-        rows = self.rows[idx.cpu().numpy()]  # (B,) store rows of the batch, in its order
-        return to_model_input(self.store.image_rows(rows), self.mean, self.std).to(self.device)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(n, ...) as the whole set's tensor would be (one sample is computed to learn it)."""
+        if self._row_shape is None:
+            self._row_shape = tuple(self[np.arange(min(1, len(self)))].shape[1:])
+        return (len(self), *self._row_shape)
+
+    @torch.no_grad()  # the frozen part; the training loop's graph starts at its output
+    def _batch(self, pos: np.ndarray) -> torch.Tensor:
+        x = to_model_input(self.store.image_rows(self.rows[pos]), self.mean, self.std).to(self.device)
+        if self.prefix is None:
+            return x
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            out = self.prefix(x)
+        return out.float() if self.autocast else out
+
+    def __getitem__(self, idx: torch.Tensor | np.ndarray | slice) -> torch.Tensor:
+        """The batch at these positions (a tensor or array of ints: one pass; a slice: chunk by chunk)."""
+        if isinstance(idx, slice):
+            pos = np.arange(len(self.rows))[idx]
+            parts = [self._batch(pos[s:s + self.chunk]) for s in range(0, len(pos), self.chunk)]
+            return torch.cat(parts) if parts else self._batch(pos)
+        pos = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64).reshape(-1)
+        return self._batch(pos)  # (B, ...) store rows of the batch, in its order
+
+    def load(self) -> torch.Tensor:
+        """Every sample at once (O(samples) float32): for consumers that need one tensor (DP's TensorDataset)."""
+        return self[:]
 
 
 class SampleStore:

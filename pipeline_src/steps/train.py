@@ -11,7 +11,7 @@ import torch
 from pipeline_src.data.augment import AugmentedInputs, train_transform
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import CachedRows, FeatureCache
-from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
 from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.plan.sharding import shard_ids
@@ -50,16 +50,16 @@ class TrainingJob:
     def new_model(self) -> TunedModel:
         return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.head_seed).to(self.device)
 
-    def shard_data(self, model: TunedModel, shard: int) -> tuple[list[str], torch.Tensor | CachedRows, torch.Tensor]:
+    def shard_data(self, model: TunedModel, shard: int) -> tuple[list[str], CachedRows | StoredImages, torch.Tensor]:
         """(ids, frozen prefix features, labels) of one shard, from the cache when there is one (see `samples_data`)."""
         return self.samples_data(model, shard_ids(self.manifest, shard))
 
     def samples_data(self, model: TunedModel, ids: list[str],
-                     blocks: list[int] | None = None, batch_size: int = PREFIX_BATCH) -> tuple[list[str], torch.Tensor | CachedRows, torch.Tensor]:
+                     blocks: list[int] | None = None, batch_size: int = PREFIX_BATCH) -> tuple[list[str], CachedRows | StoredImages, torch.Tensor]:
         """(ids, frozen prefix features, labels) of any samples. With a cache the features are a
         `CachedRows` view that reads a batch's rows when indexed (the job holds one batch, not the
-        shard); without one they are computed from the images, read and converted per batch, and held
-        (O(samples) float32 prefix features, computed once rather than every epoch).
+        shard); without one a `StoredImages` view that reads a batch's images and runs the frozen prefix
+        on them when indexed (every epoch: memory for one batch, not for the shard's features).
 
         Args:
             model: the tuned model whose prefix the features are.
@@ -73,9 +73,8 @@ class TrainingJob:
                                   blocks=getattr(model, "cache_blocks", None) if blocks is None else blocks)
         else:
             fn = model.prefix if blocks is None else (lambda x: model.prefix_blocks(x, blocks))
-            features = self.store.apply(fn, ids, self.backbone_record["mean"], self.backbone_record["std"],
-                                        self.device, batch_size=batch_size, workers=self.settings["num_workers"],
-                                        autocast=self.bf16)
+            features = StoredImages(self.store, ids, self.backbone_record["mean"], self.backbone_record["std"],
+                                    self.device, prefix=fn, autocast=self.bf16, chunk=batch_size)
         return ids, features, data.labels.to(self.device)
 
     def augmented_data(self, model: TunedModel, shard: int, seed: int) -> tuple[list[str], AugmentedInputs, torch.Tensor]:

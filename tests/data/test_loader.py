@@ -41,3 +41,22 @@ def test_stored_images_are_the_whole_split_indexed(image_folder, tmp_path):
     assert len(lazy) == len(ids)
     for idx in (torch.tensor([3, 0, 3, 1]), torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))):
         assert torch.equal(lazy[idx], whole[idx])
+
+
+def test_stored_prefix_runs_the_frozen_part_on_each_batch(image_folder, tmp_path):
+    # training without a feature cache: the prefix of each drawn batch, never of the whole shard
+    store = SampleStore(run_prepare(folder_config(image_folder), tmp_path))
+    ids = store.ids("target", "train")
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    torch.manual_seed(0)
+    frozen = torch.nn.Conv2d(3, 2, kernel_size=3).double()  # per-sample, so any batching gives the same values
+    prefix = lambda x: frozen(x.double())  # noqa: E731
+    with torch.no_grad():
+        whole = prefix(to_model_input(store.subset(ids).images, mean, std))
+    lazy = StoredImages(store, ids, mean, std, "cpu", prefix=prefix, chunk=3)
+    assert lazy.shape == tuple(whole.shape) and len(lazy) == len(ids)
+    idx = torch.randperm(len(ids), generator=torch.Generator().manual_seed(1))[:5]
+    torch.testing.assert_close(lazy[idx], whole[idx], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lazy[1:6], whole[1:6], rtol=1e-12, atol=1e-12)  # a slice: chunks of 3
+    torch.testing.assert_close(lazy.load(), whole, rtol=1e-12, atol=1e-12)
+    assert not lazy[idx].requires_grad  # no graph through the frozen part
