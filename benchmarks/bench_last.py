@@ -33,7 +33,6 @@ shared machine; both are printed.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import re
 import statistics
 import sys
@@ -49,7 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from pipeline_src.last import SideGrid, SideNetwork, extract_features, feature_keys, small_head_attention  # noqa: E402
-from pipeline_src.store.benchmark_rows import benchmark_row, peak_memory_mb, write_benchmark_rows  # noqa: E402
+from pipeline_src.store.benchmark_rows import (  # noqa: E402
+    benchmark_row,
+    peak_memory_mb,
+    pin_mmap_threshold,
+    write_benchmark_rows,
+)
 
 
 def tensor_mb(tensors: Iterable[torch.Tensor]) -> float:
@@ -59,15 +63,6 @@ def tensor_mb(tensors: Iterable[torch.Tensor]) -> float:
 def _proc_status_mb(key: str) -> float:
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
-
-
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-
-
-def pin_mmap_threshold() -> None:
-    """Every allocation >= 128 KiB becomes its own mapping, returned to the OS on free."""
-    if ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024) != 1:
-        raise RuntimeError("bench_last: mallopt(M_MMAP_THRESHOLD) failed; CPU peak memory needs glibc")
 
 
 def cpu_peak_rss_mb(fn: Callable[[], None]) -> float:

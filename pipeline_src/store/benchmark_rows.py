@@ -5,7 +5,6 @@ Benchmarks live in `benchmarks/`; each writes rows with `BENCHMARK_SCHEMA` to
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import math
@@ -21,6 +20,7 @@ import pyarrow as pa
 
 from pipeline_src.plan.environment import fingerprint_json
 from pipeline_src.store.atomic import write_parquet
+from pipeline_src.store.glibc_malloc import glibc, set_mmap_threshold
 from pipeline_src.store.provenance import git_commit
 
 BENCHMARK_SCHEMA = pa.schema([
@@ -71,20 +71,7 @@ def _proc_status_mb(key: str) -> float:
     return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
 
 
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 _MMAP_THRESHOLD = 128 * 1024
-_libc: Any = None
-
-
-def _glibc() -> Any:
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL("libc.so.6")
-            _libc.mallopt, _libc.malloc_trim  # noqa: B018 (both must exist: glibc)
-        except (OSError, AttributeError) as e:
-            raise RuntimeError(f"CPU peak memory needs Linux with glibc (libc.so.6: {e})") from e
-    return _libc
 
 
 def pin_mmap_threshold() -> None:
@@ -94,7 +81,7 @@ def pin_mmap_threshold() -> None:
     calls it. It stays pinned, and every large tensor then costs a fresh mapping and its page
     faults: a TAFT train step took ~1.5x the CPU time pinned. So take times before the first CPU
     peak measurement (or in another process), never after pinning."""
-    if _glibc().mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) != 1:
+    if not set_mmap_threshold(_MMAP_THRESHOLD):
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed; CPU peak memory needs glibc")
 
 
@@ -115,7 +102,7 @@ def cpu_peak_rss_mb(fn: Callable[[], Any]) -> float:
         raise RuntimeError("CPU peak memory needs Linux /proc/self/clear_refs (VmHWM reset)")
     pin_mmap_threshold()
     gc.collect()
-    _glibc().malloc_trim(0)
+    glibc().malloc_trim(0)
     clear_refs.write_text("5")  # reset VmHWM to the current RSS
     base = _proc_status_mb("VmRSS")
     fn()

@@ -1,0 +1,35 @@
+"""glibc's malloc settings that decide whether freed tensors leave a process's RSS.
+
+glibc serves an allocation below its mmap threshold from the heap, and raises that threshold
+(up to 32 MiB) each time a larger mapped block is freed. After a few training steps every
+batch-sized tensor then comes from the heap, and freed ones stay resident there: a job's peak
+RSS grows with its number of steps, not with what it holds. Pinning the threshold turns the
+adaptation off, so tensors at or above it are their own mappings, returned to the OS on free.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+_libc: Any = None
+
+
+def glibc() -> Any:
+    """The C library, when it is glibc (it has `mallopt` and `malloc_trim`); else RuntimeError."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.mallopt, _libc.malloc_trim  # noqa: B018 (both must exist: glibc)
+        except (OSError, AttributeError) as e:
+            raise RuntimeError(f"needs Linux with glibc (libc.so.6: {e})") from e
+    return _libc
+
+
+def set_mmap_threshold(num_bytes: int) -> bool:
+    """Pin glibc's mmap threshold at `num_bytes` (no adaptation). False when not glibc or refused."""
+    try:
+        return glibc().mallopt(M_MMAP_THRESHOLD, int(num_bytes)) == 1
+    except RuntimeError:
+        return False

@@ -1,0 +1,48 @@
+"""The pinned mmap threshold: a freed tensor above it leaves the RSS; without the pin glibc keeps it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+# In a fresh process: free a 24 MiB block (glibc then raises its threshold past 8 MiB), then
+# allocate, touch and free an 8 MiB one, and print how much of it stayed resident.
+PROBE = """
+import re, sys
+import numpy as np
+from pipeline_src.store.glibc_malloc import set_mmap_threshold
+def rss_mb():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+if sys.argv[1] == "pin":
+    assert set_mmap_threshold(4 << 20)
+big = np.ones(24 << 20, dtype=np.uint8); del big
+before = rss_mb()
+block = np.ones(8 << 20, dtype=np.uint8); del block
+print(rss_mb() - before)
+"""
+
+
+def retained_mb(mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
+                         cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return float(out.stdout)
+
+
+def test_a_pinned_threshold_returns_freed_blocks_and_the_adaptive_one_keeps_them():
+    assert retained_mb("adaptive") > 6  # the 8 MiB block came from the heap and stayed
+    assert retained_mb("pin") < 2
+
+
+def test_every_job_pins_it_unless_the_user_set_it(monkeypatch):
+    from pipeline_src.runner import execute
+    from pipeline_src.runner.step_args import StepArgs
+
+    calls = []
+    monkeypatch.setattr(execute, "set_mmap_threshold", calls.append)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert execute.execute("no_such_step", StepArgs()) == 1  # fails after the pin
+    assert calls == [execute.JOB_MMAP_THRESHOLD]
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    execute.execute("no_such_step", StepArgs())
+    assert calls == [execute.JOB_MMAP_THRESHOLD]
