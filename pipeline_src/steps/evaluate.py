@@ -2,8 +2,9 @@
 
 One input model is evaluated as itself; several are evaluated as their ensemble (mean logits).
 Images are read and converted `train.eval_batch_size` at a time, so the job's memory stops
-growing with the test split once the split fills one batch. A single model also gets `weight_distance`, the L2 distance of its trained tensors from their
-starting values (TAFT Fig. 4; `methods/weight_distance.py`).
+growing with the test split once the split fills one batch. A single model also gets
+`weight_distance`, the L2 distance of its trained tensors from their starting values (TAFT Fig. 4;
+`methods/weight_distance.py`).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import torch
 
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import CachedRows, FeatureCache
-from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.fusion.soup import weighted_average
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.kinds import kind_of
@@ -97,9 +97,9 @@ def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: s
     model = ctx.new_model()
     if ctx.features is not None:  # read one batch at a time, as the train step does
         features = CachedRows(ctx.features, data.rows, ctx.device, blocks=getattr(model, "cache_blocks", None))
-    else:  # images read and converted per batch; the prefix features are held (O(ids))
-        features = ctx.store.apply(model.prefix, ids, ctx.backbone_record["mean"], ctx.backbone_record["std"],
-                                   ctx.device, batch_size=PREFIX_BATCH)
+    else:  # each drawn batch's images through the frozen prefix, as the train step does without a cache
+        features = StoredImages(ctx.store, list(ids), ctx.backbone_record["mean"], ctx.backbone_record["std"],
+                                ctx.device, prefix=model.prefix, chunk=PREFIX_BATCH)
     stats = get_method(ctx.kind).train(model, features, data.labels.to(ctx.device),
                                        {**settings, "method": ctx.method_cfg}, train_seed, desc)
     if ctx.device.type == "cuda":
