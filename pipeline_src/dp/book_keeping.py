@@ -36,11 +36,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
 from pipeline_src.dp.module_type_registry import module_type_registrar
 from pipeline_src.dp.norm_samplers import _as_tokens, _layer_norm_types, linear_weight_sq_norm
+from pipeline_src.dp.parameter_use import ParameterUseGuard, shared_parameters
 
 Clip = Callable[[torch.Tensor], dict[nn.Parameter, torch.Tensor]]
 # rule(module, activations, backprops) -> ({param: squared per-example norm (B,)}, clip)
@@ -233,43 +233,6 @@ class _Tap(torch.autograd.Function):
         return gy, torch.zeros((), dtype=dtype, device=device), None
 
 
-class _DirectUseGuard(TorchFunctionMode):
-    """Fails a forward in which a trainable parameter feeds an op outside its own module's forward
-    (e.g. a parent computing `x @ self.child.weight.T`): book-keeping sees a parameter only through
-    its module's output, so such a use would get a silently wrong (zero) gradient."""
-
-    def __init__(self, layers: list[tuple[str, nn.Module, list[str]]]) -> None:
-        super().__init__()
-        self._owner = {id(getattr(m, n)): (name or "<root>", m, n) for name, m, own in layers for n in own}
-        self._running: list[nn.Module] = []
-        self._handles = []
-        for _, m, _ in layers:
-            self._handles.append(m.register_forward_pre_hook(self._enter))
-            self._handles.append(m.register_forward_hook(self._leave, always_call=True))
-
-    def _enter(self, module: nn.Module, _inputs) -> None:
-        self._running.append(module)
-
-    def _leave(self, _module: nn.Module, _inputs, _output) -> None:  # returns None: the output is kept
-        self._running.pop()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        for t in (*args, *kwargs.values()):
-            for x in (t if isinstance(t, (list, tuple)) else (t,)):
-                owner = self._owner.get(id(x)) if isinstance(x, torch.Tensor) else None
-                if owner is not None and not any(m is owner[1] for m in self._running):
-                    raise NotImplementedError(
-                        f"book-keeping clipping: trainable parameter '{owner[0]}.{owner[2]}' is used outside its "
-                        f"module's forward (by {getattr(func, '__name__', func)}); its per-example gradient would be "
-                        f"silently dropped. Call the module instead, freeze the parameter, or use mode='hooks'")
-        return func(*args, **kwargs)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-
-
 class BookKeepingModule(nn.Module):
     """Wraps a model for single-backward DP clipping: `forward` runs it with the trainable
     parameters detached and taps each trainable layer's output; `clipped_backward(losses)`
@@ -289,6 +252,7 @@ class BookKeepingModule(nn.Module):
         super().__init__()
         if max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
+        shared_parameters(module, "bk")
         check_bk_supported(module)
         self._module = module
         self.max_grad_norm = float(max_grad_norm)
@@ -331,10 +295,11 @@ class BookKeepingModule(nn.Module):
         if len(live) != len(self.trainable_parameters):
             raise RuntimeError("book-keeping clipping: trainable parameters were frozen since wrapping; re-wrap")
         self._records, self._anchor, self._seen = [], None, set()
+        # the first forward only; built while the trainable parameters still require grad
+        guard = ParameterUseGuard(self._module, mode="bk") if not self._checked else None
         for p in live:  # autograd will not form parameter gradients: BK builds the clipped sum itself
             p.requires_grad_(False)
         self._active = True
-        guard = _DirectUseGuard(self._layers) if not self._checked else None  # the first forward only
         try:
             if guard is None:
                 return self._module(*args, **kwargs)

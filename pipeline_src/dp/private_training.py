@@ -33,6 +33,7 @@ from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import plan_budget
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
+from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
 from pipeline_src.dp.secret_randomness import secret_generator
 from pipeline_src.plan.sharding import NEIGHBOURING
 
@@ -113,6 +114,7 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     """
     if mode not in MODES:
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
+    shared_parameters(model, mode)
     if mode == "fast":
         check_fast_supported(model)
     if noise_generator is None:
@@ -134,6 +136,8 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     module, dp_opt, dp_loader = (out[0], out[1], out[3]) if mode != "hooks" else out
     if mode == "fast":
         attach_fast_norm_samplers(module)
+    # the first training forward is watched for parameter use the clip cannot see (bk watches its own)
+    GuardFirstForward(module, model, mode=mode, allow_repeat=mode == "hooks")
     return engine, module, dp_opt, dp_loader
 
 
