@@ -47,7 +47,7 @@ def _check_supported(sd: dict, base: str, part: str, allowed: set[str]) -> None:
 
 
 def check_matchable_modules(model: nn.Module, blocks: Iterable[int] | None = None, *, attention: bool = True,
-                            ffn: bool = True, prefix: str = "") -> None:
+                            ffn: bool = True, prefix: str = "", num_heads: int | None = None) -> None:
     """Refuse blocks whose MODULES break the symmetries matching relies on, parameters or not.
 
     Per-head rotations and scalings of Q/K (and V/O) preserve the function only when nothing
@@ -62,8 +62,10 @@ def check_matchable_modules(model: nn.Module, blocks: Iterable[int] | None = Non
         attention: check the attention modules.
         ffn: check the MLPs.
         prefix: key prefix of the VisionTransformer inside `model` (e.g. "backbone.").
+        num_heads: the head count matching will assume; refused unless every checked attention
+            module has it (a wrong count rotates slices that straddle heads: not a symmetry).
     Raises:
-        ValueError: naming the first offending module path and its type.
+        ValueError: naming the first offending module path and its type (or head count).
     """
     from timm.layers import Attention, Mlp
 
@@ -85,6 +87,9 @@ def check_matchable_modules(model: nn.Module, blocks: Iterable[int] | None = Non
                     raise ValueError(f"match_models: '{path}.attn.{name}' ({type(m).__name__}) breaks the attention "
                                      "rotation/scaling symmetry, with or without parameters; attention matching "
                                      "unsupported (qk_norm / scale_norm)")
+            if num_heads is not None and attn.num_heads != num_heads:
+                raise ValueError(f"match_models: '{path}.attn' has {attn.num_heads} heads, but matching was asked "
+                                 f"for num_heads={num_heads}; per-head rotations would mix heads")
             if getattr(attn, "gate", None) is not None:
                 raise ValueError(f"match_models: '{path}.attn.gate' (gated attention) breaks the V/O rotation symmetry")
         if ffn:
@@ -171,7 +176,7 @@ def match_to_anchor(
     if missing:
         raise ValueError(f"match_models: blocks {missing} not in the model (has {all_blocks})")
     if model is not None:
-        check_matchable_modules(model, chosen, attention=attention, ffn=ffn, prefix=prefix)
+        check_matchable_modules(model, chosen, attention=attention, ffn=ffn, prefix=prefix, num_heads=num_heads)
     for i in chosen:  # validate everything before any work starts
         base = f"{prefix}blocks.{i}."
         for sd in (anchor_sd, model_sd):

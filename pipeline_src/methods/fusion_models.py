@@ -56,7 +56,7 @@ def matchable_keys(state: dict, kind: str, blocks: list[int], ffn: bool) -> list
 
 
 def match_state(anchor: dict, state: dict, *, matching: str, kind: str, num_heads: int,
-                blocks: list[int], ffn: bool) -> dict:
+                blocks: list[int], ffn: bool, model: nn.Module | None = None) -> dict:
     """`state` transformed to be close to `anchor` without changing its function.
 
     Args:
@@ -66,6 +66,8 @@ def match_state(anchor: dict, state: dict, *, matching: str, kind: str, num_head
         num_heads: attention heads (timm blocks' or LSA modules').
         blocks: block indices to match (from `chosen_blocks`).
         ffn: also permute FFN hidden units (nlft only; LSA modules have no FFN).
+        model: the tuned model the states belong to (nlft: a `TailFineTune`); its modules and
+            head count are checked first (`check_matchable_modules`). Required for nlft.
     """
     if matching == "none":
         return dict(state)
@@ -74,8 +76,10 @@ def match_state(anchor: dict, state: dict, *, matching: str, kind: str, num_head
                          f"choose from {['none', *MATCH_OPTIONS]}")
     rotation, scaling = MATCH_OPTIONS[matching]
     if kind == "nlft":
+        if model is None:
+            raise ValueError("match_state: nlft matching needs the tuned model, to check its modules")
         return match_to_anchor(anchor, state, num_heads=num_heads, blocks=blocks, ffn=ffn,
-                               rotation=rotation, scaling=scaling)
+                               rotation=rotation, scaling=scaling, model=model.model)
     if kind == "last":
         return match_lsa_state_dict(anchor, state, num_heads=num_heads, module_prefixes=_lsa_prefixes(state, blocks),
                                     rotation=rotation, scaling=scaling)

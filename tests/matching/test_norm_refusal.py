@@ -100,3 +100,19 @@ def test_prefix_and_ffn_modules() -> None:
     model.blocks[1].mlp.norm = FREE_LN(128)
     with pytest.raises(ValueError, match=r"'blocks\.1\.mlp\.norm'"):
         check_matchable_modules(model)
+
+
+def test_a_head_count_other_than_the_models_is_refused_by_name():
+    """`num_heads=2` on a 4-head ViT was accepted and changed the logits by 0.47."""
+    anchor, model = make(0), make(1)
+    assert model.blocks[0].attn.num_heads == 4
+    wrong = match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=2)  # keys alone cannot tell
+    with torch.no_grad():
+        before = model(x())
+        model.load_state_dict(wrong)
+        changed = model(x())
+    assert float((changed - before).norm() / before.norm()) > 1e-2  # what the check prevents
+    model = make(1)
+    with pytest.raises(ValueError, match=r"'blocks.0.attn' has 4 heads, but matching was asked for num_heads=2"):
+        match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=2, model=model)
+    match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=4, model=model)

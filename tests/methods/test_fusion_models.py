@@ -56,7 +56,7 @@ def test_matching_keeps_each_shard_models_logits_and_moves_it_towards_the_anchor
     anchor, state = anchor_model.trainable_state(), model.trainable_state()
     blocks = chosen_blocks(anchor, kind, None)
     matched = match_state(anchor, state, matching=matching, kind=kind, num_heads=num_heads_of(model, METHODS[kind]),
-                          blocks=blocks, ffn=True)
+                          blocks=blocks, ffn=True, model=model)
     x = images()
     with torch.no_grad():
         reference = model(x)  # the unmatched model, full forward from images
@@ -69,8 +69,9 @@ def test_matching_keeps_each_shard_models_logits_and_moves_it_towards_the_anchor
 
 
 def test_rotation_ends_no_farther_than_permutation_and_block_subsets_touch_only_their_block():
-    anchor, state = shard_model(METHODS["nlft"], 0).trainable_state(), shard_model(METHODS["nlft"], 1).trainable_state()
-    kw = dict(kind="nlft", num_heads=4, ffn=True)
+    model = shard_model(METHODS["nlft"], 1)
+    anchor, state = shard_model(METHODS["nlft"], 0).trainable_state(), model.trainable_state()
+    kw = dict(kind="nlft", num_heads=4, ffn=True, model=model)
     dist = {m: parameter_distance(anchor, match_state(anchor, state, matching=m, blocks=[0, 1], **kw))
             for m in ("permutation", "rotation", "rotation-scaling")}
     assert dist["rotation-scaling"] <= dist["rotation"] + 1e-12 <= dist["permutation"] + 2e-12
@@ -79,6 +80,20 @@ def test_rotation_ends_no_farther_than_permutation_and_block_subsets_touch_only_
     assert not torch.equal(last_only["blocks.1.attn.qkv.weight"], state["blocks.1.attn.qkv.weight"])
     with pytest.raises(ValueError, match="fusion.blocks"):
         chosen_blocks(anchor, "nlft", [2])
+
+
+def test_pipeline_matching_checks_the_modules_and_the_head_count():
+    """The pipeline's matching passes the tuned model, so the library's module checks run: a
+    wrong head count and a parameter-free q/k norm are refused by name (both were accepted)."""
+    model = shard_model(METHODS["nlft"], 1)
+    anchor, state = shard_model(METHODS["nlft"], 0).trainable_state(), model.trainable_state()
+    with pytest.raises(ValueError, match=r"'blocks.0.attn' has 4 heads, but matching was asked for num_heads=2"):
+        match_state(anchor, state, matching="rotation", kind="nlft", num_heads=2, blocks=[0, 1], ffn=True, model=model)
+    model.model.blocks[1].attn.q_norm = torch.nn.LayerNorm(4, elementwise_affine=False)
+    with pytest.raises(ValueError, match=r"'blocks.1.attn.q_norm' \(LayerNorm\) breaks"):
+        match_state(anchor, state, matching="rotation", kind="nlft", num_heads=4, blocks=[0, 1], ffn=True, model=model)
+    with pytest.raises(ValueError, match="needs the tuned model"):
+        match_state(anchor, state, matching="rotation", kind="nlft", num_heads=4, blocks=[0, 1], ffn=True)
 
 
 @pytest.mark.parametrize("kind", ["nlft", "last"])

@@ -66,7 +66,7 @@ def main(args: StepArgs) -> None:
     for i, (state, record) in enumerate(zip(states, records)):
         t0 = time.perf_counter()
         matched = dict(state) if i == 0 else match_state(anchor, state, matching=matching, kind=kind,
-                                                         num_heads=heads, blocks=blocks, ffn=ffn)
+                                                         num_heads=heads, blocks=blocks, ffn=ffn, model=template)
         seconds = time.perf_counter() - t0
         before, after = logits_from(template, state, h), logits_from(template, matched, h)
         values = {**classification_metrics(after, test.labels),
