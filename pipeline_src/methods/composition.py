@@ -17,9 +17,34 @@ from pipeline_src.plan.forget import ForgetRequestError
 from pipeline_src.taft.compose import remaining_weights, subtract_component
 
 
-def ensemble_logits(logits: list[torch.Tensor]) -> torch.Tensor:
-    """SISA-style aggregation: the mean of the component models' logits."""
-    return torch.stack(logits).mean(0)
+def composition_weights(records: list[dict], scheme: str) -> list[float]:
+    """`uniform`, or proportional to each shard's number of training samples (`size`).
+
+    Args:
+        records: the shard models' records, in composition order.
+        scheme: config key `compose_weights`.
+    """
+    if scheme == "size":
+        sizes = [r["num_samples"] for r in records]
+        return [s / sum(sizes) for s in sizes]
+    return [1.0 / len(records)] * len(records)
+
+
+def ensemble_logits(logits: list[torch.Tensor], weights: Sequence[float] | None = None) -> torch.Tensor:
+    """SISA-style aggregation: the (weighted) mean of the component models' logits.
+
+    Args:
+        logits: one (n, classes) tensor per component.
+        weights: composition weights (`composition_weights`), rescaled to sum to 1; None: uniform.
+            With the soup's weights the ensemble of tangent models equals their Δw sum.
+    """
+    if weights is None:
+        return torch.stack(logits).mean(0)
+    if len(weights) != len(logits):
+        raise ValueError(f"ensemble_logits: {len(weights)} weights for {len(logits)} components")
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    w = (w / w.sum()).to(logits[0].dtype)
+    return torch.einsum("k,k...->...", w, torch.stack(logits))  # Σ_k w_k · logits_k
 
 
 def subtract_shards(composed: dict, components: dict[int, dict], weights: Sequence[float], shard_ids: Sequence[int],

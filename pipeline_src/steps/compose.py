@@ -7,18 +7,11 @@ in Δw); the components must share one linearization point, and are refused othe
 from __future__ import annotations
 
 from pipeline_src.fusion.soup import weighted_average
+from pipeline_src.methods.composition import composition_weights
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.model_io import load_model, save_model
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
-
-
-def composition_weights(records: list[dict], scheme: str) -> list[float]:
-    """`uniform`, or proportional to each shard's number of training samples (`size`)."""
-    if scheme == "size":
-        sizes = [r["num_samples"] for r in records]
-        return [s / sum(sizes) for s in sizes]
-    return [1.0 / len(records)] * len(records)
 
 
 def main(args: StepArgs) -> None:

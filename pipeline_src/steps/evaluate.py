@@ -1,6 +1,8 @@
 """evaluate: accuracy and loss on the test split, one Parquet file per evaluated model.
 
-One input model is evaluated as itself; several are evaluated as their ensemble (mean logits).
+One input model is evaluated as itself; several are evaluated as their ensemble: the mean of
+their logits weighted by `compose_weights`, the soup's weights (so a TAFT soup and its ensemble
+are one function).
 Images are read and converted `train.eval_batch_size` at a time, so the job's memory stops
 growing with the test split once the split fills one batch. A single model also gets
 `weight_distance`, the L2 distance of its trained tensors from their starting values (TAFT Fig. 4;
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.methods.composition import ensemble_logits
+from pipeline_src.methods.composition import composition_weights, ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.methods.weight_distance import distance_from_start
@@ -30,15 +32,17 @@ def main(args: StepArgs) -> None:
     t0 = time.perf_counter()
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
-    all_logits, record = [], None
+    all_logits, records = [], []
     for path in args.input.models:
         model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)
+        records.append(record)
         model.to(device).eval()
         with torch.no_grad():  # images are read from the store and converted one batch at a time
             all_logits.append(store.apply(lambda x, m=model: m(x).cpu(), test.ids, backbone_record["mean"],
                                           backbone_record["std"], device, batch_size=cfg["train"]["eval_batch_size"],
                                           workers=cfg["train"]["num_workers"]))
-    logits = all_logits[0] if len(all_logits) == 1 else ensemble_logits(all_logits)
+    logits = all_logits[0] if len(all_logits) == 1 else \
+        ensemble_logits(all_logits, composition_weights(records, cfg["compose_weights"]))
     values = classification_metrics(logits, test.labels)
     if len(args.input.models) == 1:
         values["weight_distance"] = distance_from_start(Path(args.input.backbone).parent, args.input.models[0])

@@ -1,6 +1,8 @@
 """Composition equals ensembling, removal equals composing the rest; losses and Δ regularizers."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,3 +121,18 @@ def test_penalty_and_projection() -> None:
     assert rel_err(torch.cat([a, b.flatten()]), torch.tensor([0.6, 0.0, 0.8])) < 1e-14
     with pytest.raises(ValueError, match="radius"):
         project_to_ball([a], 0.0)
+
+
+def test_size_weighted_soup_equals_the_size_weighted_ensemble_in_float32(trained) -> None:
+    """`compose_weights: size`: the evaluated ensemble takes the soup's weights, so the two
+    rows agree (the plain mean of logits differed whenever shard sizes differed)."""
+    from pipeline_src.methods.composition import composition_weights, ensemble_logits
+
+    model, sds, ids, x = trained
+    model, x = copy.deepcopy(model).float(), x.float()  # the fixture's model stays float64
+    sds = [{k: v.float() for k, v in sd.items()} for sd in sds]
+    weights = composition_weights([{"num_samples": n} for n in (257, 243, 300)], "size")
+    soup = logits(model, compose_deltas(sds, weights), x)
+    members = [logits(model, sd, x) for sd in sds]
+    assert (soup - ensemble_logits(members, weights)).abs().max() <= 1e-6 * soup.abs().max()
+    assert (soup - ensemble_logits(members)).abs().max() > 1e-4 * soup.abs().max()  # the plain mean is another model

@@ -25,7 +25,7 @@ from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.compose import composition_weights
+from pipeline_src.methods.composition import composition_weights
 from pipeline_src.steps.train import PREFIX_BATCH
 from pipeline_src.store.metrics import metric_rows
 from pipeline_src.store.provenance import state_digest

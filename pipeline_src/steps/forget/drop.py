@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline_src.methods.composition import ensemble_logits, subtract_shards
+from pipeline_src.methods.composition import composition_weights, ensemble_logits, subtract_shards
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import random_shards
 from pipeline_src.runner.runtime import set_up_job
@@ -42,6 +42,8 @@ def main(args: StepArgs) -> None:
         strategy = "subtract"
     else:
         shard_logits = {i: test.logits(s) for i, s in states.items()}
+        order = sorted(states)
+        shard_weights = dict(zip(order, composition_weights([records[i] for i in order], ctx.cfg["compose_weights"])))
         strategy = "sisa-drop"
     points = [(0, 0)] + [(r, j) for r in args.params["removed_shards"] for j in range(args.params["requests"])]
     for removed_count, request in points:
@@ -65,7 +67,7 @@ def main(args: StepArgs) -> None:
             }, out_dir / f"r{removed_count}_q{request}.safetensors")
         else:
             kept = [i for i in sorted(states) if i not in removed]
-            logits = ensemble_logits([shard_logits[i] for i in kept])
+            logits = ensemble_logits([shard_logits[i] for i in kept], [shard_weights[i] for i in kept])
             seconds = time.perf_counter() - t0
         variant = {"strategy": strategy, "removed_shards": removed_count, "request": request, "removed": removed}
         values = {**test.metrics(logits), "unlearn_time_s": seconds}

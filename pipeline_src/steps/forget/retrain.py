@@ -66,7 +66,7 @@ def main(args: StepArgs) -> None:
              "affected_shards": len(affected), "retrained_samples": sum(records[k]["num_samples"] for k in affected)}
     results = {"retrain-shard": test.metrics(test.logits(composed))}
     if not kind_of(ctx.kind).tangent:  # the tangent composition already is the ensemble
-        results["sisa-retrain"] = test.metrics(ensemble_logits([test.logits(s) for s in states]))
+        results["sisa-retrain"] = test.metrics(ensemble_logits([test.logits(s) for s in states], weights))
     rows = []
     for model, values in results.items():
         rows += study_rows(ctx, {**values, **stats}, model=model, shards=shards, seed=seed,
