@@ -73,8 +73,36 @@ def check_supported(base: nn.Module, k: int, reset_cls: bool = False) -> None:
         if not isinstance(base.fc_norm, nn.Identity):
             raise ValueError("TAFT: a distilled ViT (dist_token) with fc_norm is unsupported: "
                              "timm's distilled head skips fc_norm")
+        if getattr(base, "distilled_training", False):
+            raise ValueError("TAFT: a distilled ViT in distillation-training mode (distilled_training=True) returns "
+                             "the pair (head, head_dist) in training; TAFT returns their mean. Call "
+                             "set_distilled_training(False) first")
     if reset_cls and not base.has_class_token:
         raise ValueError("TAFT: reset_cls=True needs a model with a class token (class_token=True)")
+    for path in _linearized_norm_paths(base, k):
+        norm = base.get_submodule(path)
+        if isinstance(norm, nn.Identity):
+            continue
+        if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+            what = type(norm).__name__ + (" without affine weight and bias" if isinstance(norm, nn.LayerNorm) else "")
+            raise ValueError(f"TAFT does not support '{path}' ({what}): its linearization needs a LayerNorm "
+                             f"with elementwise affine weight and bias")
+
+
+def _linearized_norm_paths(base: nn.Module, k: int) -> list[str]:
+    """Module paths of the norms TAFT-k linearizes: each tuned block's norms, the final norms."""
+    depth = len(base.blocks)
+    paths = [f"blocks.{i}.{n}" for i in range(depth - k, depth)
+             for n in ("norm1", "norm2", "attn.q_norm", "attn.k_norm") if _has_path(base, f"blocks.{i}.{n}")]
+    return paths + [n for n in ("norm", "fc_norm") if _has_path(base, n)]
+
+
+def _has_path(base: nn.Module, path: str) -> bool:
+    try:
+        base.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def is_distilled(base: nn.Module) -> bool:
