@@ -18,6 +18,7 @@ from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.fusion.soup import weighted_average
+from pipeline_src.methods.composition import composition_weights
 from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import build_tuned_model, get_method
@@ -25,7 +26,6 @@ from pipeline_src.methods.training import batched_apply
 from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.methods.composition import composition_weights
 from pipeline_src.steps.train import PREFIX_BATCH
 from pipeline_src.store.metrics import metric_rows
 from pipeline_src.store.provenance import state_digest

@@ -8,9 +8,9 @@ training split (McSherry 2009, "Privacy integrated queries", parallel compositio
 """
 from __future__ import annotations
 
+from pipeline_src.methods.composition import composition_weights
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.methods.composition import composition_weights
 from pipeline_src.store.model_io import load_model, save_model
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
 
