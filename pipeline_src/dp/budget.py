@@ -47,16 +47,19 @@ def epsilon_for(*, sigma: float, sample_rate: float, steps: int, delta: float, a
     return float(acc.get_epsilon(delta=delta))
 
 
-def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int, epochs: int,
+def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: int, epochs: int,
                 max_grad_norm: float, accountant: str = "rdp", full_batch: bool = False) -> dict:
     """Noise multiplier σ reaching (ε, δ) after `epochs` of Poisson-sampled steps, or after
     `epochs` full-batch steps (q = 1, `full_batch.py`).
 
     Args:
         epsilon: target ε (> 0).
-        delta: target δ, in (0, 1/n_samples).
-        n_samples: dataset size N (the privacy unit is one example).
-        batch_size: expected batch size; the sampling rate is 1/ceil(N/batch_size), as Opacus
+        delta: target δ, in (0, 1/public_size).
+        public_size: the dataset size n̄ the plan assumes: a PUBLIC number (declared, not counted),
+            because everything planned from it is released with the model. Under add/remove
+            neighbours the true size n differs between D and D ± 1, so a plan, a sampling rate or
+            a normaliser computed from n would reveal it. The guarantee holds whatever n is.
+        batch_size: expected batch size B; the sampling rate is q = 1/ceil(n̄/B), as Opacus
             (full_batch: the micro-batch size, which does not enter the accounting).
         epochs: planned epochs.
         max_grad_norm: clipping bound C (> 0).
@@ -64,7 +67,8 @@ def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int
         full_batch: one step per epoch over the whole set: sampling rate 1, steps = epochs.
     Returns:
         Record with epsilon (target), epsilon_planned (ε of the chosen σ), delta, sigma,
-        max_grad_norm, sample_rate, steps, epochs, batch_size, n_samples, accountant.
+        max_grad_norm, sample_rate, steps, epochs, batch_size, public_size, expected_batch_size
+        (q·n̄, the public normaliser of each step; full batch: n̄), accountant.
     Raises:
         InfeasibleBudget: invalid parameters, or no σ ≤ 1e6 reaches ε in the planned steps.
     """
@@ -72,15 +76,15 @@ def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int
         raise InfeasibleBudget(f"unknown accountant {accountant!r}; choose one of {ACCOUNTANTS}")
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise InfeasibleBudget(f"epsilon must be positive and finite, got {epsilon}")
-    if n_samples < 1 or batch_size < 1 or epochs < 1:
-        raise InfeasibleBudget(f"need n_samples, batch_size, epochs ≥ 1; got {n_samples}, {batch_size}, {epochs}")
-    if not 0 < delta < 1 / n_samples:
-        raise InfeasibleBudget(f"delta must lie in (0, 1/N) = (0, {1 / n_samples:.3g}); got {delta}")
+    if public_size < 1 or batch_size < 1 or epochs < 1:
+        raise InfeasibleBudget(f"need public_size, batch_size, epochs ≥ 1; got {public_size}, {batch_size}, {epochs}")
+    if not 0 < delta < 1 / public_size:
+        raise InfeasibleBudget(f"delta must lie in (0, 1/n̄) = (0, {1 / public_size:.3g}); got {delta}")
     if max_grad_norm <= 0:
         raise InfeasibleBudget(f"max_grad_norm must be positive, got {max_grad_norm}")
-    if batch_size > n_samples and not full_batch:
-        raise InfeasibleBudget(f"sampling rate batch_size/N = {batch_size}/{n_samples} > 1")
-    spe = 1 if full_batch else steps_per_epoch(n_samples, batch_size)
+    if batch_size > public_size and not full_batch:
+        raise InfeasibleBudget(f"sampling rate batch_size/n̄ = {batch_size}/{public_size} > 1")
+    spe = 1 if full_batch else steps_per_epoch(public_size, batch_size)
     sample_rate = 1.0 / spe
     steps = spe * epochs
     try:
@@ -99,6 +103,7 @@ def plan_budget(*, epsilon: float, delta: float, n_samples: int, batch_size: int
         "steps": steps,
         "epochs": epochs,
         "batch_size": batch_size,
-        "n_samples": n_samples,
+        "public_size": public_size,
+        "expected_batch_size": public_size * sample_rate,
         "accountant": accountant,
     }

@@ -4,7 +4,9 @@ each epoch are also aggregated over the entire dataset").
 
 Each epoch is ONE noisy step over the whole shard (sampling rate q = 1, no subsampling):
 
-    g = (Σ_i clip_C(∇ℓ_i) + N(0, σ²C²·I)) / n,    w ← w − lr·g
+    g = (Σ_i clip_C(∇ℓ_i) + N(0, σ²C²·I)) / n̄,    w ← w − lr·g
+
+where n̄ is a public size (`public_size`), never the true n: dividing by n would release it.
 
 The clipped sum is accumulated over micro-batches (book-keeping clipping, `book_keeping`), so
 memory is bounded by the micro-batch, not the shard. With q = 1 the T steps compose T Gaussian
@@ -63,7 +65,8 @@ def train_private_full_batch(model: nn.Module, inputs: torch.Tensor | Sequence[t
                              *, loss_fn: LossFn, epochs: int, micro_batch_size: int, lr: float, epsilon: float,
                              delta: float, max_grad_norm: float, mode: str = "bk", accountant: str = "rdp",
                              progress: Callable[[dict], None] | None = None,
-                             noise_generator: torch.Generator | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+                             noise_generator: torch.Generator | None = None,
+                             public_size: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Full-batch DP-GD (q = 1, one noisy step per epoch) on the trainable parameters of `model`.
 
     Args:
@@ -81,6 +84,8 @@ def train_private_full_batch(model: nn.Module, inputs: torch.Tensor | Sequence[t
         accountant: "rdp" or "prv" (Opacus), with sample rate 1.
         progress: called after each step with {"step", "epoch", "loss", "batch"}.
         noise_generator: for tests only; a release leaves it None (secret, `secret_randomness`).
+        public_size: the public size n̄ that normalises each step (and bounds δ); None: the true
+            size n, which the model then reveals.
     Returns:
         (state dict of the trainable parameters, privacy record as `train_private`'s, with
         protocol "full-batch", sample_rate 1 and steps = epochs).
@@ -96,7 +101,8 @@ def train_private_full_batch(model: nn.Module, inputs: torch.Tensor | Sequence[t
     if any(len(t) != len(labels) for t in xs):
         raise ValueError(f"inputs and labels differ in length: {[len(t) for t in xs]} vs {len(labels)}")
     n = len(labels)
-    budget = plan_budget(epsilon=epsilon, delta=delta, n_samples=n, batch_size=micro_batch_size, epochs=epochs,
+    public = n if public_size is None else int(public_size)
+    budget = plan_budget(epsilon=epsilon, delta=delta, public_size=public, batch_size=micro_batch_size, epochs=epochs,
                          max_grad_norm=max_grad_norm, accountant=accountant, full_batch=True)
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not trainable:
@@ -117,12 +123,11 @@ def train_private_full_batch(model: nn.Module, inputs: torch.Tensor | Sequence[t
             for _, p in trainable:
                 noise = torch.normal(0.0, sigma * c, size=p.shape, generator=noise_generator, device=p.device,
                                      dtype=p.dtype)
-                # / n as Opacus' Poisson path divides by len(dataset)·q: the shard size is the public normaliser
-                p.grad = (p.grad + noise) / n
+                p.grad = (p.grad + noise) / public  # a public normaliser: q·n̄ with q = 1
             optimizer.step()
             acc.step(noise_multiplier=sigma, sample_rate=1.0)
             if progress is not None:
-                progress({"step": epoch + 1, "epoch": epoch, "loss": loss, "batch": n})
+                progress({"step": epoch + 1, "epoch": epoch, "loss": loss, "batch": n})  # private: the job's log only
         spent = float(acc.get_epsilon(delta=delta))
     finally:
         module.cleanup()

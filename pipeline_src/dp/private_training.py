@@ -25,12 +25,13 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
-from pipeline_src.dp.budget import plan_budget
+from pipeline_src.dp.budget import plan_budget, steps_per_epoch
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
@@ -71,8 +72,24 @@ def dp_backward(module: nn.Module, optimizer: torch.optim.Optimizer, losses: tor
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
 
 
+def public_poisson_loader(loader: DataLoader, public_size: int, generator: torch.Generator) -> tuple[DataLoader, float]:
+    """Poisson sampling of `loader.dataset` at the public rate q = 1/ceil(n̄/B) (`budget.steps_per_epoch`),
+    and the public normaliser of each step, q·n̄: neither depends on the true size n.
+
+    Args:
+        loader: the non-private loader (its dataset and batch size B).
+        public_size: the public dataset size n̄.
+        generator: the (secret) sampling generator.
+    """
+    sample_rate = 1.0 / steps_per_epoch(public_size, loader.batch_size)
+    dp_loader = DPDataLoader(loader.dataset, sample_rate=sample_rate, collate_fn=loader.collate_fn,
+                             generator=generator)
+    return dp_loader, public_size * sample_rate
+
+
 def _make_private_bk(engine: PrivacyEngine, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
-                     *, sigma: float, max_grad_norm: float, noise_generator: torch.Generator | None):
+                     *, sigma: float, max_grad_norm: float, noise_generator: torch.Generator | None,
+                     public_size: int | None):
     """`PrivacyEngine.make_private` for grad_sample_mode="ghost" minus Opacus' model wrapping
     (whose hooks would do the norm work a second time): the same validation, Poisson
     DPDataLoader, DPOptimizerFastGradientClipping and accountant hook, in the same order."""
@@ -81,9 +98,13 @@ def _make_private_bk(engine: PrivacyEngine, model: nn.Module, optimizer: torch.o
         raise ValueError("Module parameters are different than optimizer Parameters")
     engine.validate(module=model, optimizer=None, data_loader=None)
     module = BookKeepingModule(model, max_grad_norm=max_grad_norm)
-    dp_loader = engine._prepare_data_loader(loader, distributed=False, poisson_sampling=True, batch_first=True)
-    sample_rate = 1 / len(dp_loader)
-    expected_batch_size = int(len(dp_loader.dataset) * sample_rate)
+    if public_size is None:
+        dp_loader = engine._prepare_data_loader(loader, distributed=False, poisson_sampling=True, batch_first=True)
+        sample_rate = 1 / len(dp_loader)
+        expected_batch_size = int(len(dp_loader.dataset) * sample_rate)
+    else:
+        dp_loader, expected_batch_size = public_poisson_loader(loader, public_size, engine.secure_rng)
+        sample_rate = dp_loader.sample_rate
     # Opacus' _prepare_optimizer for ghost mode builds DPOptimizerFastGradientClipping; ours draws the
     # noise once per step over a flat buffer (`flat_noise.py`), from the same generator.
     dp_opt = FlatNoiseDPOptimizer(optimizer=optimizer, noise_multiplier=sigma, max_grad_norm=max_grad_norm,
@@ -97,7 +118,7 @@ def _make_private_bk(engine: PrivacyEngine, model: nn.Module, optimizer: torch.o
 def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *, mode: str,
                        sigma: float, max_grad_norm: float, accountant: str = "rdp",
                        noise_generator: torch.Generator | None = None,
-                       sampler_generator: torch.Generator | None = None):
+                       sampler_generator: torch.Generator | None = None, public_size: int | None = None):
     """Opacus make_private in the chosen mode; returns (engine, module, optimizer, loader).
 
     Args:
@@ -111,6 +132,9 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
         noise_generator: generator of the Gaussian noise (default: a secret one on the model's device).
         sampler_generator: generator of the Poisson sampling (default: a secret CPU one); never
             the noise generator, and never the global one.
+        public_size: the public dataset size n̄: the sampling rate is 1/ceil(n̄/B) and each step
+            is normalised by q·n̄ (`public_poisson_loader`). None: Opacus' own, from the true size
+            n (1/len(loader) and int(n·q)), which the released model then reveals.
     """
     if mode not in MODES:
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
@@ -128,12 +152,17 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     engine.secure_rng = sampler_generator  # Opacus hands `secure_rng` to its Poisson DPDataLoader
     if mode == "bk":
         return (engine, *_make_private_bk(engine, model, optimizer, loader, sigma=sigma, max_grad_norm=max_grad_norm,
-                                          noise_generator=noise_generator))
+                                          noise_generator=noise_generator, public_size=public_size))
+    expected_batch_size = None
+    if public_size is not None:  # Opacus takes q = 1/len(loader), exact for q = 1/k; its normaliser is replaced
+        loader, expected_batch_size = public_poisson_loader(loader, public_size, sampler_generator)
     out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
-                              max_grad_norm=max_grad_norm, poisson_sampling=True, noise_generator=noise_generator,
-                              grad_sample_mode="hooks" if mode == "hooks" else "ghost",
+                              max_grad_norm=max_grad_norm, poisson_sampling=public_size is None,
+                              noise_generator=noise_generator, grad_sample_mode="hooks" if mode == "hooks" else "ghost",
                               criterion=nn.CrossEntropyLoss())  # criterion unused: we pass per-example losses
     module, dp_opt, dp_loader = (out[0], out[1], out[3]) if mode != "hooks" else out
+    if expected_batch_size is not None:
+        dp_opt.expected_batch_size = expected_batch_size
     if mode == "fast":
         attach_fast_norm_samplers(module)
     # the first training forward is watched for parameter use the clip cannot see (bk watches its own)
@@ -146,7 +175,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                   mode: str = "bk", accountant: str = "rdp",
                   progress: Callable[[dict], None] | None = None,
                   noise_generator: torch.Generator | None = None,
-                  sampler_generator: torch.Generator | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+                  sampler_generator: torch.Generator | None = None,
+                  public_size: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """DP-SGD on the trainable parameters of `model` for a target (ε, δ).
 
     The noise and the Poisson sampling draw from two secret generators (`secret_randomness`):
@@ -170,6 +200,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
         progress: called after each step with {"step", "epoch", "loss", "batch"}.
         noise_generator, sampler_generator: for tests that compare modes on the same coins only;
             a release leaves both None (secret).
+        public_size: the public dataset size n̄ the plan, the sampling rate and each step's
+            normaliser use (`plan_budget`); None: the true size, which the model then reveals.
     Returns:
         (state dict of the trainable parameters, privacy record: the planned budget plus
         epsilon_spent from the engine's accountant, steps_taken, mode and the neighbouring relation).
@@ -178,7 +210,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     """
     as_list = isinstance(inputs, (list, tuple))
     xs = list(inputs) if as_list else [inputs]
-    budget = plan_budget(epsilon=epsilon, delta=delta, n_samples=len(xs[0]), batch_size=batch_size,
+    public = len(xs[0]) if public_size is None else int(public_size)
+    budget = plan_budget(epsilon=epsilon, delta=delta, public_size=public, batch_size=batch_size,
                          epochs=epochs, max_grad_norm=max_grad_norm, accountant=accountant)
     if any(len(t) != len(labels) for t in xs):
         raise ValueError(f"inputs and labels differ in length: {[len(t) for t in xs]} vs {len(labels)}")
@@ -190,7 +223,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     loader = DataLoader(TensorDataset(*xs, labels), batch_size=batch_size)
     engine, module, dp_opt, dp_loader = make_private_model(
         model, optimizer, loader, mode=mode, sigma=budget["sigma"], max_grad_norm=max_grad_norm,
-        accountant=accountant, noise_generator=noise_generator, sampler_generator=sampler_generator)
+        accountant=accountant, noise_generator=noise_generator, sampler_generator=sampler_generator,
+        public_size=public)
     model.train()
     step = 0
     try:

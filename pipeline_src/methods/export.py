@@ -45,6 +45,43 @@ def member_ids(model_path: str | Path) -> set[str]:
     return ids
 
 
+def _strings(value) -> list[str]:
+    """Every string in a parsed JSON value, keys included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _parsed_strings(path: Path, data: bytes) -> list[str]:
+    """The strings a reader of `path` sees after parsing: a JSON file's values and keys, a
+    safetensors header's (its metadata); JSON escapes such as `\u00e9` are decoded."""
+    try:
+        if path.suffix == ".json":
+            return _strings(json.loads(data))
+        if path.suffix == ".safetensors" and len(data) >= 8:
+            size = int.from_bytes(data[:8], "little")
+            return _strings(json.loads(data[8:8 + size]))
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return []
+
+
+def leaked_member(path: Path, members: set[str]) -> str | None:
+    """A member id found in `path`: in its raw bytes (UTF-8, or JSON-escaped) or in any string of
+    its parsed JSON or safetensors header; None when there is none."""
+    data = path.read_bytes()
+    texts = _parsed_strings(path, data)
+    for i in members:
+        escaped = json.dumps(i)[1:-1].encode()  # how json.dumps (ensure_ascii) writes it
+        if i.encode() in data or escaped in data or any(i in t for t in texts):
+            return i
+    return None
+
+
 def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | Path | None = None) -> Path:
     """Write the export folder; return it.
 
@@ -84,8 +121,7 @@ def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | P
         members = member_ids(model_path)
         for f in staging.rglob("*"):
             if f.is_file():
-                data = f.read_bytes()
-                leaked = next((i for i in members if i.encode() in data), None)
+                leaked = leaked_member(f, members)
                 if leaked is not None:
                     shutil.rmtree(staging)
                     raise ValueError(f"export: refusing: {f.name} would contain member id '{leaked}'")

@@ -90,6 +90,23 @@ def dp_method_config(method_cfg: dict, protocol: str, jvp_only: bool | None) -> 
     return cfg
 
 
+def public_shard_size(cfg: dict, shards: int) -> int:
+    """n̄ of one shard of an N-way split: floor(privacy.public_train_size / N), a public number.
+
+    Raises:
+        ConfigError: `privacy.public_train_size` is not set, or leaves a shard empty.
+    """
+    total = cfg["privacy"].get("public_train_size")
+    if total is None:
+        raise _error("privacy.public_train_size", "required when privacy.enabled: a public count of the target "
+                     "training split (declared, e.g. from the dataset card, rounded; never counted from the data). "
+                     "DP jobs plan their sampling rate, steps and normaliser from it, because whatever they plan is "
+                     "released with the model, and the true size tells D from D ± 1")
+    if total // shards < 1:
+        raise _error("privacy.public_train_size", f"{total} / {shards} shards leaves a public shard size of 0")
+    return total // shards
+
+
 def shard_sizes(cfg: dict, shards: int) -> list[int]:
     """The distinct sizes of the `shards`-way split's shards over every seed of the study
     (`pipeline_src.plan.sharding`: keyed-hash shards, balanced in expectation only)."""
@@ -136,22 +153,31 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
         return
     if not privacy_methods(cfg):
         raise _error("privacy.methods", f"empty, and `methods:` has no method of kind {DP_KINDS}")
+    public_shard_size(cfg, 1)  # set at all
+    for j, n in enumerate(p["shards"]):
+        if n > p["public_train_size"] or (n_train is not None and n > n_train):
+            raise _error(f"privacy.shards[{j}]", f"{n} shards but only {p['public_train_size']} public "
+                         f"(privacy.public_train_size) / {n_train} training samples")
+    public = {n: public_shard_size(cfg, n) for n in p["shards"]}
+    if not p["delta"] < 1.0 / p["public_train_size"]:
+        raise _error("privacy.delta", f"{p['delta']} must be below 1/n̄ = {1.0 / p['public_train_size']:.3g} "
+                     f"(privacy.public_train_size); otherwise releasing one sample whole meets the guarantee")
+    for j, n in enumerate(p["shards"]):
+        if p["protocol"] == "ours" and p["batch_size"] > public[n]:
+            raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the public shard size {public[n]} "
+                         f"(privacy.public_train_size / privacy.shards[{j}] = {n}): the sampling rate would exceed 1")
     if n_train is None:
         return
-    if not p["delta"] < 1.0 / n_train:
-        raise _error("privacy.delta", f"{p['delta']} must be below 1/N = {1.0 / n_train:.3g} "
-                     f"(N = {n_train} training samples); otherwise releasing one sample whole meets the guarantee")
-    sizes = {}
+    if not 0.5 <= p["public_train_size"] / n_train <= 2:
+        raise _error("privacy.public_train_size", f"{p['public_train_size']} is far from the training split's "
+                     f"{n_train} samples (this message stays in your workspace); DP training would run "
+                     f"{n_train / p['public_train_size']:.2g}x the planned epochs. Declare a public count near it")
     for j, n in enumerate(p["shards"]):
-        if n > n_train:
-            raise _error(f"privacy.shards[{j}]", f"{n} shards but only {n_train} training samples")
         try:
-            sizes[n] = shard_sizes(cfg, n)
+            shard_sizes(cfg, n)
         except ValueError as e:  # a shard left empty
             raise _error(f"privacy.shards[{j}]", str(e)) from None
-        if p["protocol"] == "ours" and p["batch_size"] > sizes[n][0]:
-            raise _error("privacy.batch_size", f"{p['batch_size']} exceeds the smallest shard ({sizes[n][0]} samples "
-                         f"for privacy.shards[{j}] = {n}): the Poisson sampling rate would exceed 1")
+    sizes = {n: [public[n]] for n in p["shards"]}  # every job plans from the public size
     key = {"privacy": p, "sizes": sizes, "opacus": package_version("opacus"),
            "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
     cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes, paper_used) or "feasible")

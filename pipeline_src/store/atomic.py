@@ -29,11 +29,12 @@ def _umask() -> int:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` on success.
 
     Args:
         path: final destination. Parent folders are created.
+        mode: the file's mode (e.g. 0o600 for a private file); None: 0666 & ~umask.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,16 +45,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         # The mode a plain open() gives (0666 & ~umask), whatever the writer did (mkstemp and some
         # writers make 0600, which os.replace keeps): results stay readable to the user's group.
-        os.chmod(tmp_path, 0o666 & ~_umask())
+        os.chmod(tmp_path, 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
 
 
-def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
-    """Write a pyarrow table atomically."""
-    with atomic_path(path) as tmp:
+def write_parquet(table: pa.Table, path: str | os.PathLike, mode: int | None = None) -> None:
+    """Write a pyarrow table atomically (`mode`: as `atomic_path`)."""
+    with atomic_path(path, mode) as tmp:
         pq.write_table(table, tmp)
 
 

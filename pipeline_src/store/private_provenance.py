@@ -2,7 +2,7 @@
 and never in a model's own files (record, weights, export, metrics).
 
     <results>/provenance/key                    32 random bytes (mode 0600), made once per results folder
-    <results>/provenance/members/<ref>.parquet  one DP model's member ids (column sample_id)
+    <results>/provenance/members/<ref>.parquet  one DP model's member ids (column sample_id; mode 0600)
 
 A DP model's record names its members only by `membership_ref` = HMAC-SHA256(key, sorted ids).
 A plain digest of the ids would be a membership oracle (hash a guessed member list, compare);
@@ -40,7 +40,7 @@ def _key(root: Path, create: bool) -> bytes:
     if not path.is_file():
         if not create:
             raise FileNotFoundError(f"no provenance key {path}: this results folder's DP memberships cannot be read")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_name(f".key.{os.getpid()}.{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -63,8 +63,9 @@ def store_members(root: str | os.PathLike, ids: list[str]) -> str:
     root = Path(root)
     ref = membership_ref(_key(root, create=True), ids)
     path = root / STORE / "members" / f"{ref}.parquet"
-    if not path.is_file():
-        write_parquet(pa.table({"sample_id": pa.array(sorted(ids), pa.string())}), path)
+    if not path.is_file():  # 0600 whatever the umask, like the key: the ids are the secret
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_parquet(pa.table({"sample_id": pa.array(sorted(ids), pa.string())}), path, mode=0o600)
     return ref
 
 

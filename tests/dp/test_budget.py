@@ -12,7 +12,7 @@ from tests.conftest import tiny_vit
 
 @pytest.mark.parametrize("accountant_name,accountant_cls", [("rdp", RDPAccountant), ("prv", PRVAccountant)])
 def test_recorded_epsilon_equals_opacus_accountant(accountant_name, accountant_cls):
-    rec = plan_budget(epsilon=2.0, delta=1e-4, n_samples=1000, batch_size=50, epochs=3, max_grad_norm=1.0,
+    rec = plan_budget(epsilon=2.0, delta=1e-4, public_size=1000, batch_size=50, epochs=3, max_grad_norm=1.0,
                       accountant=accountant_name)
     assert rec["sample_rate"] == pytest.approx(50 / 1000) and rec["steps"] == 60
     acc = accountant_cls()
@@ -30,7 +30,7 @@ def test_recorded_epsilon_equals_opacus_accountant(accountant_name, accountant_c
     (dict(epsilon=0.01), "no noise multiplier"),
     (dict(epsilon=0.0), "positive"),
     (dict(epsilon=-1.0), "positive"),
-    (dict(delta=0.02), r"delta must lie in \(0, 1/N\)"),
+    (dict(delta=0.02), r"delta must lie in \(0, 1/n̄\)"),
     (dict(delta=0.0), "delta"),
     (dict(batch_size=200), "sampling rate"),
     (dict(max_grad_norm=0.0), "max_grad_norm"),

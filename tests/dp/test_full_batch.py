@@ -91,8 +91,8 @@ def test_accounting_is_opacus_rdp_with_q_one_and_within_target():
 
 
 def test_plan_full_batch_ignores_the_micro_batch_and_refuses_other_modes():
-    a = plan_budget(epsilon=3, delta=1e-5, n_samples=500, batch_size=16, epochs=50, max_grad_norm=1, full_batch=True)
-    b = plan_budget(epsilon=3, delta=1e-5, n_samples=500, batch_size=999, epochs=50, max_grad_norm=1, full_batch=True)
+    a = plan_budget(epsilon=3, delta=1e-5, public_size=500, batch_size=16, epochs=50, max_grad_norm=1, full_batch=True)
+    b = plan_budget(epsilon=3, delta=1e-5, public_size=500, batch_size=999, epochs=50, max_grad_norm=1, full_batch=True)
     assert a["sigma"] == b["sigma"] and a["steps"] == 50 and a["sample_rate"] == 1.0
     model = tiny_vit(train=True)
     x, y = _data()

@@ -29,6 +29,7 @@ from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 METHODS, REGIMES, EPSILONS = ["nlft-1", "taft-1", "last"], ["full", "fc"], [1, 8]
+PUBLIC_SIZE = 500  # the declared size DP jobs plan from (the training split holds 527)
 PAPER = {"methods": ["taft-1"], "regimes": ["fc"], "epochs": 3}  # the paper protocol beside ours
 
 
@@ -37,7 +38,7 @@ def write_config(workdir: Path, **privacy) -> None:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg.pop("fusion", None), cfg.pop("forget", None)  # only the privacy study here
     cfg["methods"]["last"] = {"kind": "last", "rank": 8, "heads": 2}
-    cfg["privacy"] = {"enabled": True, "epochs": 2, "batch_size": 64, **privacy}
+    cfg["privacy"] = {"enabled": True, "epochs": 2, "batch_size": 64, "public_train_size": PUBLIC_SIZE, **privacy}
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
@@ -90,12 +91,25 @@ def test_recorded_epsilon_equals_opacus_accountant(study):
             assert p["sample_rate"] == 1.0 and p["steps_taken"] == p["steps"] == PAPER["epochs"]
             assert rec["method_config"]["loss"] == "ce" and rec["method_config"]["jvp_only"] is True
         else:
-            assert p["steps_taken"] == p["steps"] and p["sample_rate"] == 1 / -(-rec["num_samples"] // 64)
+            assert p["steps_taken"] == p["steps"] and p["sample_rate"] == 1 / -(-(PUBLIC_SIZE // rec["shards"]) // 64)
         assert p["max_grad_norm"] == 1.0 and p["accountant"] == "rdp" and len(rec["commit"]) >= 7
-        assert "sample_ids" not in rec and rec["num_samples"] == p["n_samples"]
+        assert "sample_ids" not in rec and "num_samples" not in rec and p["public_size"] == PUBLIC_SIZE // rec["shards"]
         assert p["neighbouring"].startswith("add/remove") and "seed" not in p
         key = (protocol, rec["method"], rec["regime"], rec["shards"], rec["shard_id"], p["epsilon"])
         assert reported[key] == pytest.approx(p["epsilon_spent"], rel=1e-12)
+
+
+def test_a_dp_studys_private_files_are_owner_only(study):
+    """The manifests of the DP shards (written 0644 by the non-DP tiny study first) and the
+    provenance store end 0600, whatever the umask (the release boundary, README "Privacy")."""
+    import stat
+
+    results = study / "results"
+    files = [results / f"split/n{n}_s0/shard{i}.parquet" for n in (1, 2) for i in range(n)]
+    files += [p for p in (results / "provenance").rglob("*") if p.is_file()]
+    assert len(files) > 4
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
 
 
 def test_regimes_train_only_their_parameters(study):

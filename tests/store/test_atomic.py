@@ -42,3 +42,22 @@ def test_a_failed_write_leaves_neither_file_nor_temp(tmp_path):
             tmp.write_bytes(b"half")
             raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_private_files_are_owner_only_under_umask_022(tmp_path):
+    """The provenance store (key, members) and an explicit private mode ignore a permissive umask."""
+    from pipeline_src.store.private_provenance import STORE, store_members
+
+    old = os.umask(0o022)
+    try:
+        ref = store_members(tmp_path, ["café", "b"])
+        write_parquet(pa.table({"x": [1]}), tmp_path / "split" / "shard0.parquet", mode=0o600)
+        write_parquet(pa.table({"x": [1]}), tmp_path / "public.parquet")
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(tmp_path / STORE / "key") == 0o600
+    assert mode(tmp_path / STORE / "members" / f"{ref}.parquet") == 0o600
+    assert mode(tmp_path / STORE / "members") == 0o700
+    assert mode(tmp_path / "split" / "shard0.parquet") == 0o600
+    assert mode(tmp_path / "public.parquet") == 0o644

@@ -20,5 +20,7 @@ def main(args: StepArgs) -> None:
     if not members:
         raise RuntimeError(f"forget_manifest: shard {shard} has no sample left to train on")
     table = pa.Table.from_pydict({"sample_id": members, "shard": [shard] * len(members)}, schema=MANIFEST_SCHEMA)
-    write_parquet(table, args.output.manifest)
+    # a DP study's manifests name its members: owner-only, like the provenance store
+    private = args.config["privacy"]["enabled"]
+    write_parquet(table, args.output.manifest, mode=0o600 if private else None)
     print(f"shard {shard}: {len(members)} samples, {len(forgotten)} forgotten")

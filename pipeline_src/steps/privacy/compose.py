@@ -1,14 +1,13 @@
 """compose_private: the Δw sum of the DP shard models of a taft method (one regime, one ε).
 
 Tangent models sharing one linearization point are linear in Δw, so the weighted Δw sum is
-exactly the weighted ensemble of the shards (Liu & Soatto et al. 2024, "Tangent Transformers
+exactly the ensemble of the shards (uniform weights: shard sizes are private) (Liu & Soatto et al. 2024, "Tangent Transformers
 for Composition, Privacy and Removal", §3.2-3.4). Each shard is (ε, δ)-DP on its own
 disjoint shard, so by parallel composition the sum is (max ε, max δ)-DP on the whole
 training split (McSherry 2009, "Privacy integrated queries", parallel composition).
 """
 from __future__ import annotations
 
-from pipeline_src.methods.composition import composition_weights
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.model_io import load_model, save_model
@@ -44,14 +43,13 @@ def main(args: StepArgs) -> None:
         raise ValueError(f"compose_private: expected shards 0..{first['shards'] - 1}, got "
                          f"{sorted(r['shard_id'] for r in records)}")
     check_same_linearization([r["linearization_id"] for r in records])
-    weights = composition_weights(records, args.config["compose_weights"])
+    weights = [1.0 / len(records)] * len(records)  # uniform: size weights would release the private shard sizes
     record = {
         "kind": "composed-private", "composition": "soup", **{k: first[k] for k in _SAME},
         "experiment": first["experiment"], "shards": first["shards"], "seed": first["seed"],
         "linearization_id": first["linearization_id"], "weights": weights,
         "privacy": composed_privacy(records),
-        "components": [{"path": p, "shard_id": r["shard_id"], "num_samples": r["num_samples"]}
-                       for p, r in zip(args.input.models, records)],
+        "components": [{"path": p, "shard_id": r["shard_id"]} for p, r in zip(args.input.models, records)],
     }  # no sample ids: the components' membership refs lead the audit to the private store
     save_model(compose_deltas(states, weights), record, args.output.model)
     print(f"composed {len(states)} DP {first['method']} ({first['regime']}) shard models with weights {weights}; "

@@ -11,6 +11,7 @@ shard's ids go to the private provenance store (`private_provenance`), reference
 """
 from __future__ import annotations
 
+import os
 import time
 
 from pipeline_src.data.feature_cache import CachedRows
@@ -20,7 +21,7 @@ from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.private import per_example_loss, select_trainable
-from pipeline_src.plan.privacy import dp_method_config, dp_settings, epsilon_label
+from pipeline_src.plan.privacy import dp_method_config, dp_settings, epsilon_label, public_shard_size
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import load_job
 from pipeline_src.store.model_io import save_model
@@ -44,6 +45,9 @@ def main(args: StepArgs) -> None:
     epsilon = target_epsilon(cfg, w["eps"])
     settings = dp_settings(cfg, w["protocol"])
     method_cfg = dp_method_config(cfg["methods"][name], w["protocol"], cfg["privacy"]["jvp_only"])
+    # the manifest names this DP model's members: owner-only, even when a non-DP study wrote it
+    # first (chmod keeps its mtime, so nothing downstream reruns)
+    os.chmod(args.input.manifest, 0o600)
     job = load_job(args, method_cfg)  # seeds the job, loads the backbone and the samples store
     model = job.new_model()  # the same head init as the non-private study, and in every shard
     t0 = time.perf_counter()
@@ -54,7 +58,8 @@ def main(args: StepArgs) -> None:
     trained = select_trainable(model, method_cfg["kind"], regime, cfg["privacy"]["train_head"])
     desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard} ({w['protocol']} protocol)"
     full_batch = settings.get("full_batch", False)
-    steps_per_epoch = 1 if full_batch else -(-len(ids) // settings["batch_size"])
+    public_size = public_shard_size(cfg, shards)  # what the plan may reveal; len(ids) stays private
+    steps_per_epoch = 1 if full_batch else -(-public_size // settings["batch_size"])
 
     def progress(s: dict) -> None:
         if s["step"] % steps_per_epoch == 0:
@@ -62,7 +67,7 @@ def main(args: StepArgs) -> None:
 
     common = dict(loss_fn=per_example_loss(method_cfg), epochs=settings["epochs"], lr=settings["lr"],
                   epsilon=epsilon, delta=settings["delta"], max_grad_norm=settings["max_grad_norm"],
-                  mode=settings["mode"], accountant=settings["accountant"], progress=progress)
+                  mode=settings["mode"], accountant=settings["accountant"], progress=progress, public_size=public_size)
     try:
         if full_batch:
             _, privacy = train_private_full_batch(FromPrefix(model), features, labels,
@@ -71,7 +76,7 @@ def main(args: StepArgs) -> None:
             _, privacy = train_private(FromPrefix(model), features, labels,
                                        batch_size=settings["batch_size"], **common)
     except InfeasibleBudget as e:
-        raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, shard of {len(ids)} samples): "
+        raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, public shard size {public_size}): "
                                f"{e}") from e
     for n, p in model.named_parameters():  # back to the method's trainable set, so trainable_state is complete
         p.requires_grad_(method_flags[n])
@@ -80,8 +85,9 @@ def main(args: StepArgs) -> None:
         "trained_parameters": trained, "dp_settings": settings, "privacy": privacy,
         "experiment": cfg["experiment"], "shards": shards, "shard_id": shard, "seed": seed, "head_seed": job.head_seed,
         "num_classes": job.num_classes, "backbone_digest": state_digest(job.backbone.state_dict()),
-        # members by a keyed ref into the private store only: a DP model's files never name them
-        "num_samples": len(ids), "membership_ref": store_members(results_root_of(args.output.model), ids),
+        # members by a keyed ref into the private store only, and no true size: a DP model's files never
+        # name its members or reveal how many there are (privacy.public_size is the planned n̄)
+        "membership_ref": store_members(results_root_of(args.output.model), ids),
         "device": str(job.device), "wall_time_s": time.perf_counter() - t0,
     }
     if kind_of(method_cfg).tangent:
