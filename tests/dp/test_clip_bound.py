@@ -139,3 +139,43 @@ def test_a_module_reached_by_two_paths_but_called_once_is_accepted():
     x = 10 * torch.randn(1, T, D, dtype=torch.float64)
     for mode in MODES:
         assert one_noiseless_step(model, mode, x, torch.tensor([1])) <= C * (1 + 1e-6)
+
+
+class TemptingEmbedding(nn.Module):
+    """nn.Embedding trains (token ids in); temptations as `Tempting`, but no repeat (ids in, floats out)."""
+
+    def __init__(self, temptation: str) -> None:
+        super().__init__()
+        self.temptation = temptation
+        self.layer = nn.Embedding(7, D)
+        self.second = nn.Embedding(7, D) if temptation == "tied" else None
+        if self.second is not None:
+            self.second.weight = self.layer.weight
+        self.head = nn.Linear(D, CLASSES).requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.layer(ids)
+        if self.temptation == "functional":
+            h = h + self.layer.weight[0]
+        if self.second is not None:
+            h = h + self.second(ids)
+        return self.head(h.mean(1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("temptation", ["none", "functional", "tied"])
+def test_embedding_one_example_moves_the_model_by_at_most_c(mode: str, temptation: str):
+    torch.manual_seed(0)
+    model = TemptingEmbedding(temptation).double()
+    with torch.no_grad():
+        model.layer.weight.mul_(10)
+    ids, y = torch.tensor([[1, 2, 2]]), torch.tensor([1])
+    assert unclipped_norm(model, ids, y) > 2 * C
+    try:
+        moved = one_noiseless_step(model, mode, ids, y)
+    except ParameterUseError as e:
+        assert temptation != "none", f"{mode} refused a plain embedding: {e}"
+        assert "'layer.weight'" in str(e) and f"DP mode {mode!r}" in str(e)
+        return
+    assert temptation == "none", f"{mode} accepted {temptation!r} use of an embedding"
+    assert C * (1 - 1e-4) <= moved <= C * (1 + 1e-6)
