@@ -11,9 +11,10 @@ Which rows each claim compares (accuracies: metric `accuracy` on the test split,
 seeds; pts: percentage points; rows from `reports/claim_rows.py`):
 
 - **The TAFT pair.** T: the first method in config order of kind taft with k = 1 that has the
-  claim's rows; F: the first nlft method with the same k that has them (its non-linear
-  counterpart, `methods.kinds.nonlinear_counterpart`). Without a config (`methods=None`) the
-  methods are the trained records' (`models` view), in name order.
+  claim's rows; F: the first nlft method with k = 1 that has them (T's non-linear counterpart,
+  as `methods.kinds.nonlinear_counterpart` defines it). Without a config (`methods=None`) the
+  methods are the trained records' (`models` view), in name order. Rows per method follow the
+  same order.
 - **TAFT-1 within 1 pt of NLFT-1** (TAFT Table 1): the full-data models (model `shard`, N = 1,
   no variant) of T and F. Holds when T ≥ F − 1 pt (a T above F holds too).
 - **TAFT composition ≥ non-linear soup** (TAFT Table 2): one row per N > 1 with soups: T's soup
@@ -25,9 +26,9 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
 - **DP TAFT ≥ DP NLFT at each ε** (TAFT Table 3): one row per protocol and ε of the privacy
   study: T's and F's DP models at N = 1 (model `dp-shard`) in each regime both have. Holds when
   T ≥ F in every such regime.
-- **Matching raises the soup** (rotation paper, Table 2): one row per fusion method, N and init:
-  the fusion study's soup (`fusion-soup`) after the paper's matching (`rotation-scaling`, else
-  `rotation`) against the soup without matching (`none`). Holds when strictly above.
+- **Matching raises the soup** (rotation paper, Table 2): one row per fusion method, N and
+  init: the fusion study's soup (`fusion-soup`) after the paper's matching (`rotation-scaling`,
+  else `rotation`) against the soup without matching (`none`). Holds when strictly above.
 - **LAST ≥ FC at ≤ 25 % of full fine-tuning's memory** (LAST paper): the first last, fc and full
   methods (config order) with full-data models: LAST's accuracy against FC's, and the
   `peak_mem_mb` of LAST's N = 1 training job against full's (train records: CUDA max allocated on
@@ -208,13 +209,21 @@ def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
     return out
 
 
-def fusion_claims(fusion: pd.DataFrame) -> list[Claim]:
+def _in_order(methods: dict[str, dict], names) -> list[str]:
+    """`names` in config order, then any the config does not list, by name."""
+    names = set(names)
+    return [m for m in methods if m in names] + sorted(names - set(methods))
+
+
+def fusion_claims(fusion: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
     """Matching before merging raises the soup, one row per fusion method, N and init."""
     claim, paper_text = "Matching before merging raises the soup's accuracy", "matched soup above the unmatched soup"
     if fusion.empty:
         return [missing(claim, ROTATION, "Table 2", paper_text, "the fusion study did not run (fusion.enabled)")]
     out = []
-    for (method, n, init), g in fusion.groupby(["method", "shards", "init"]):
+    rank = {m: i for i, m in enumerate(_in_order(methods, fusion.method))}
+    groups = sorted(fusion.groupby(["method", "shards", "init"]), key=lambda kv: (rank[kv[0][0]], *kv[0][1:]))
+    for (method, n, init), g in groups:
         acc = g.set_index("matching").accuracy
         head = (f"{claim}: {method}, N = {n}, {init}", ROTATION, "Table 2", paper_text)
         matched = next((m for m in ("rotation-scaling", "rotation") if m in acc), None)
@@ -266,9 +275,8 @@ def unlearning_cost_claims(retrain: pd.DataFrame, methods: dict[str, dict]) -> l
     if shard.empty:
         return [missing(claim, SISA, where, paper_text, "the unlearning study did not run (forget.study)")]
     paragon = retrain[retrain.model == "paragon"]
-    order = [m for m in methods if m in set(shard.method)] + sorted(set(shard.method) - set(methods))
     out = []
-    for method in order:
+    for method in _in_order(methods, shard.method):
         for n in sorted(set(shard[shard.method == method].shards)):
             head = (f"{claim}: {method}, N = {n}", SISA, where, paper_text)
             rows = shard[(shard.method == method) & (shard.shards == n)]
@@ -302,7 +310,7 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
     acc = claim_rows.accuracy_rows(con)
     return [*table1_claim(acc, methods), *composition_claims(acc, methods),
             *subtract_claims(claim_rows.drop_rows(con), methods), *dp_claims(claim_rows.privacy_rows(con), methods),
-            *fusion_claims(claim_rows.fusion_rows(con)),
+            *fusion_claims(claim_rows.fusion_rows(con), methods),
             *last_claim(acc, claim_rows.memory_rows(con), methods),
             *unlearning_cost_claims(claim_rows.retrain_rows(con), methods)]
 
