@@ -86,6 +86,10 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     fewest = duckdb.sql(f"""SELECT min(value) FROM read_parquet('{study}/results/metrics/unlearn_retrain/**/*.parquet')
                             WHERE metric = 'affected_shards'""").fetchall()[0][0]
     assert fewest > 1 and verdict[f"{cost}: taft-1, N = 3"] == verdict[f"{cost}: nlft-1, N = 3"] == "n/a"
+    # the training memory the LAST row compares: each train record's peak (CPU: the job's max RSS,
+    # which torch alone puts above 100 MB)
+    peaks = duckdb.sql(f"SELECT peak_mem_mb FROM read_json_auto('{study}/results/train/*/n1_s0/shard0.json')").fetchall()
+    assert len(peaks) == 5 and all(p > 100 for (p,) in peaks)
 
 
 def test_weight_distance_rows_and_fig4_report(study):
