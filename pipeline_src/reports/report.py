@@ -1,7 +1,8 @@
 """Study reports: DuckDB queries over the results views → Markdown, CSV and PNG.
 
-Each report is a function `(con, out_dir) -> list[Path]` in `REPORTS`; the `report` rule
-runs them all, and `python -m pipeline_src.store.query` runs ad-hoc SQL over the same views.
+Each report is a function `(con, out_dir) -> list[Path]` in `REPORTS` (those in `WITH_CONFIG`
+also take `config=`, the study's config); the `report` rule runs them all, and
+`python -m pipeline_src.store.query` runs ad-hoc SQL over the same views.
 """
 from __future__ import annotations
 
@@ -80,12 +81,13 @@ def taft_table2(con, out_dir: Path) -> list[Path]:
 def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list[Path]]]:
     from pipeline_src.reports import ablations as report_ablations
     from pipeline_src.reports import benchmarks as report_benchmarks
+    from pipeline_src.reports import claims as report_claims
     from pipeline_src.reports import fusion as report_fusion
     from pipeline_src.reports import last_grid as report_last
     from pipeline_src.reports import privacy as report_privacy
     from pipeline_src.reports import unlearning as report_unlearning
 
-    reports = {"accuracy": accuracy_report, "table1": taft_table1, "table2": taft_table2}
+    reports = {**report_claims.REPORTS, "accuracy": accuracy_report, "table1": taft_table1, "table2": taft_table2}
     for extra in (report_fusion.REPORTS, report_privacy.REPORTS, report_unlearning.REPORTS, report_last.REPORTS,
                   report_benchmarks.REPORTS, report_ablations.REPORTS):
         clash = set(reports) & set(extra)
@@ -96,3 +98,4 @@ def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list
 
 
 REPORTS = _all_reports()
+WITH_CONFIG = {"claims"}  # reports that also take the study's config (`config=`)

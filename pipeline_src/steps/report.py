@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline_src.reports.report import REPORTS
+from pipeline_src.reports.report import REPORTS, WITH_CONFIG
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.atomic import write_text
 from pipeline_src.store.results_db import connect
@@ -15,7 +15,8 @@ def main(args: StepArgs) -> None:
     con = connect(args.params["results_dir"])
     lines = ["# Reports", ""]
     for name, report in REPORTS.items():
-        for path in report(con, out_dir):
+        paths = report(con, out_dir, config=args.config) if name in WITH_CONFIG else report(con, out_dir)
+        for path in paths:
             print(f"{name}: wrote {path}")
             lines.append(f"- {name}: [{path.name}]({path.name})")
     write_text("\n".join(lines) + "\n", out_dir / "index.md")

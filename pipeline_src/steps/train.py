@@ -17,6 +17,7 @@ from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.metrics import peak_memory_mb
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.provenance import state_digest
 
@@ -90,13 +91,18 @@ class TrainingJob:
 
     def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str,
              extra: dict | None = None) -> None:
-        """Write one shard model and its record (config, sample ids, seeds; `extra` adds keys)."""
+        """Write one shard model and its record (config, sample ids, seeds; `extra` adds keys).
+
+        `peak_mem_mb` is the job's peak so far (`store.metrics.peak_memory_mb`: CUDA max allocated
+        on a GPU, else the process's max RSS), the training memory the claims table compares.
+        """
         record = {
             "kind": "trained", "method": self.name, "method_config": self.method_cfg, "train_settings": self.settings,
             "experiment": self.args.config["experiment"], "shards": self.shards, "shard_id": shard, "seed": self.seed,
             "head_seed": self.head_seed, "num_classes": self.num_classes,
             "backbone_digest": state_digest(self.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
-            "device": str(self.device), "wall_time_s": wall_time_s, **(extra or {}), **stats,
+            "device": str(self.device), "wall_time_s": wall_time_s, "peak_mem_mb": peak_memory_mb(self.device),
+            **(extra or {}), **stats,
         }
         save_model(state, record, path)
         print(f"trained {self.name} shard {shard}/{self.shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")

@@ -51,6 +51,47 @@ def test_study_runs_to_a_report_with_every_model(study):
     assert len(ids) == len(set(ids)) > 0
 
 
+def test_report_has_the_claims_table_beside_the_study_reports(study):
+    """One row per claim the tiny study can test or not; figures and verdicts agree with the
+    Table 1, Table 2, unlearning and fusion reports of the same run (reports/claims.py)."""
+    out = study / "results" / "report"
+    assert "- claims: [claims.md](claims.md)" in (out / "index.md").read_text()
+    assert (out / "claims.md").read_text().startswith("# Claims") and "experiment `tiny`" in (out / "claims.md").read_text()
+    claims = {r["claim"]: r for r in duckdb.read_csv(str(out / "claims.csv")).df().fillna("").to_dict("records")}
+    fusion = "Matching before merging raises the soup's accuracy"
+    cost = "Unlearning cost: retrain-shard ≈ N× cheaper than the paragon"
+    assert list(claims) == [
+        "TAFT-1 within 1 pt of NLFT-1", "TAFT composition (Δw sum) ≥ non-linear soup, N = 2",
+        "TAFT subtract ≥ SISA drop, N = 3", "DP TAFT ≥ DP NLFT", f"{fusion}: last, N = 2, random_reinit",
+        f"{fusion}: nlft-1, N = 2, random_reinit", "LAST ≥ FC at ≤ 25 % of full fine-tuning's memory",
+        f"{cost}: nlft-1, N = 3", f"{cost}: taft-1, N = 3"]  # config order (the fixture's YAML sorts it)
+    verdict = {name: c["holds"] for name, c in claims.items()}
+    yes = lambda ok: "yes" if ok else "no"  # noqa: E731
+    t1 = dict(duckdb.sql(f"SELECT method, accuracy FROM '{out}/table1_methods.csv'").fetchall())
+    assert verdict["TAFT-1 within 1 pt of NLFT-1"] == yes(t1["taft-1"] >= t1["nlft-1"] - 0.01)
+    assert claims["TAFT-1 within 1 pt of NLFT-1"]["this study's figure"].startswith(
+        f"taft-1 {100 * t1['taft-1']:.1f} %, nlft-1 {100 * t1['nlft-1']:.1f} %")
+    t2 = dict(duckdb.sql(f"SELECT composed, \"N=2\" FROM '{out}/table2_composition.csv'").fetchall())
+    assert verdict["TAFT composition (Δw sum) ≥ non-linear soup, N = 2"] == yes(
+        t2["taft-1 (Δw sum)"] >= t2["nlft-1 (soup)"])
+    drop = dict(duckdb.sql(f"SELECT strategy, accuracy FROM '{out}/unlearning_drop.csv' WHERE removed_shards = 1").fetchall())
+    assert verdict["TAFT subtract ≥ SISA drop, N = 3"] == yes(drop["subtract"] >= drop["sisa-drop"])
+    soups = dict(duckdb.sql(f"SELECT method, \"rotation-scaling\" > none FROM '{out}/fusion_table2.csv' "
+                            "WHERE fusion = 'soup'").fetchall())
+    assert verdict[f"{fusion}: nlft-1, N = 2, random_reinit"] == yes(soups["nlft-1"])
+    assert verdict[f"{fusion}: last, N = 2, random_reinit"] == yes(soups["last"])
+    # What the tiny study does not run: privacy, a full method; and every forget request of
+    # the study touched more than one of its 3 shards (checked in the metrics).
+    assert verdict["DP TAFT ≥ DP NLFT"] == verdict["LAST ≥ FC at ≤ 25 % of full fine-tuning's memory"] == "n/a"
+    fewest = duckdb.sql(f"""SELECT min(value) FROM read_parquet('{study}/results/metrics/unlearn_retrain/**/*.parquet')
+                            WHERE metric = 'affected_shards'""").fetchall()[0][0]
+    assert fewest > 1 and verdict[f"{cost}: taft-1, N = 3"] == verdict[f"{cost}: nlft-1, N = 3"] == "n/a"
+    # the training memory the LAST row compares: each train record's peak (CPU: the job's max RSS,
+    # which torch alone puts above 100 MB)
+    peaks = duckdb.sql(f"SELECT peak_mem_mb FROM read_json_auto('{study}/results/train/*/n1_s0/shard0.json')").fetchall()
+    assert len(peaks) == 5 and all(p > 100 for (p,) in peaks)
+
+
 def test_weight_distance_rows_and_fig4_report(study):
     """TAFT Fig. 4: every single model's distance from its start; the taft Δw sum is no farther
     than its shards on average (triangle inequality, uniform weights), and the report tabulates it."""

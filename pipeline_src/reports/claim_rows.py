@@ -1,0 +1,124 @@
+"""The rows the claims table compares (`reports/claims.py`), read from the DuckDB views.
+
+Every query returns a DataFrame, empty when its view is absent (no such files yet) or holds no
+matching row. Accuracies are test accuracies (metric `accuracy`, split `test`), averaged over
+seeds; the unlearning rows stay per request, to be paired by the claims.
+"""
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pandas as pd
+
+# Full-data models (model `shard`, N = 1) and soups (N > 1) of the main DAG (no study variant).
+ACCURACY_SQL = """
+SELECT method, any_value(kind) AS kind, model, shards, avg(value) AS accuracy, count(DISTINCT seed) AS seeds
+FROM metrics
+WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
+  AND ((model = 'shard' AND shards = 1) OR model = 'soup')
+GROUP BY method, model, shards
+"""
+
+# Forgetting by dropping shards (`steps/forget/drop.py`), per request; r = 0 (nothing removed) left out.
+DROP_SQL = """
+SELECT method, model, shards, seed, CAST(json_extract(variant, '$.removed_shards') AS INTEGER) AS removed,
+       CAST(json_extract(variant, '$.request') AS INTEGER) AS request, value AS accuracy
+FROM metrics
+WHERE metric = 'accuracy' AND model IN ('subtract', 'sisa-drop')
+  AND CAST(json_extract(variant, '$.removed_shards') AS INTEGER) > 0
+"""
+
+# Retrain-shard and the same-method paragon (`steps/forget/{retrain,paragon}.py`), per request.
+RETRAIN_SQL = """
+SELECT method, model, shards, seed, CAST(json_extract(variant, '$.fraction') AS DOUBLE) AS fraction,
+       CAST(json_extract(variant, '$.request') AS INTEGER) AS request,
+       any_value(value) FILTER (WHERE metric = 'unlearn_time_s') AS unlearn_time_s,
+       any_value(value) FILTER (WHERE metric = 'affected_shards') AS affected_shards
+FROM metrics
+WHERE model IN ('retrain-shard', 'paragon') AND metric IN ('unlearn_time_s', 'affected_shards')
+GROUP BY ALL
+"""
+
+# DP models on the whole training split (`steps/privacy/evaluate.py`), as in `reports/privacy.py`.
+PRIVACY_SQL = """
+SELECT method, json_extract_string(variant, '$.regime') AS regime,
+       coalesce(json_extract_string(variant, '$.protocol'), 'ours') AS protocol,
+       CAST(json_extract(variant, '$.epsilon') AS DOUBLE) AS epsilon, avg(value) AS accuracy
+FROM metrics
+WHERE model = 'dp-shard' AND shards = 1 AND json_extract_string(variant, '$.study') = 'privacy'
+  AND metric = 'accuracy' AND split = 'test'
+GROUP BY ALL
+"""
+
+# Soups of the fusion study without and with matching (`steps/fusion/fuse.py`), as in `reports/fusion.py`.
+FUSION_SQL = """
+SELECT method, shards, json_extract_string(variant, '$.init') AS init,
+       json_extract_string(variant, '$.matching') AS matching, avg(value) AS accuracy
+FROM metrics
+WHERE model = 'fusion-soup' AND json_extract_string(variant, '$.study') = 'fusion' AND metric = 'accuracy'
+GROUP BY ALL
+"""
+
+# Training memory of the full-data models, from their records (`steps/train.py` `peak_mem_mb`).
+MEMORY_SQL = """
+SELECT method, avg(peak_mem_mb) AS peak_mem_mb, string_agg(DISTINCT device, ', ') AS device
+FROM models
+WHERE kind = 'trained' AND shards = 1 AND peak_mem_mb IS NOT NULL
+GROUP BY method
+"""
+
+
+def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
+
+
+def _query(con: duckdb.DuckDBPyConnection, view: str, sql: str) -> pd.DataFrame:
+    return con.sql(sql).df() if view in _views(con) else pd.DataFrame()
+
+
+def accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, kind, model (`shard` at N = 1, `soup`), shards, accuracy, seeds."""
+    return _query(con, "metrics", ACCURACY_SQL)
+
+
+def drop_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, model (`subtract` / `sisa-drop`), shards, seed, removed (≥ 1), request, accuracy."""
+    return _query(con, "metrics", DROP_SQL)
+
+
+def retrain_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, model (`retrain-shard` / `paragon`), shards, seed, fraction, request, unlearn_time_s,
+    affected_shards (NULL for the paragon)."""
+    return _query(con, "metrics", RETRAIN_SQL)
+
+
+def privacy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, regime, protocol, epsilon, accuracy of the DP models at N = 1."""
+    return _query(con, "metrics", PRIVACY_SQL)
+
+
+def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, shards, init, matching, accuracy of the fusion study's soups."""
+    return _query(con, "metrics", FUSION_SQL)
+
+
+def memory_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, peak_mem_mb (mean over seeds), device(s) of the N = 1 training jobs whose records
+    carry `peak_mem_mb` (records written before it was recorded do not)."""
+    if "models" not in _views(con):
+        return pd.DataFrame()
+    columns = {r[0] for r in con.sql("DESCRIBE models").fetchall()}
+    if not {"peak_mem_mb", "shards", "device"} <= columns:
+        return pd.DataFrame()
+    return con.sql(MEMORY_SQL).df()
+
+
+def recorded_methods(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
+    """Each trained method's settings (`method_config` of its records), by name: what the claims
+    use when no config is given."""
+    if "models" not in _views(con):
+        return {}
+    rows = con.sql("SELECT method, to_json(any_value(method_config)) FROM models WHERE kind = 'trained' "
+                   "GROUP BY method ORDER BY method").fetchall()
+    return {name: {k: v for k, v in json.loads(cfg).items() if v is not None} for name, cfg in rows}

@@ -1,0 +1,360 @@
+"""The claims table: each published claim the pipeline tests, beside this study's figure.
+
+`claims.{md,csv}`: one row per claim (and per shard count N, ε, fusion setting ... where the
+claim is made at several), with the paper, its table or figure, the paper's figure (a relation
+in words where the paper gives no single number; the figures are those of issue 23), this
+study's figure, and whether the claim holds: `yes`, `no`, or `n/a` when the study did not run the
+jobs it needs (this study's cell then says which). The `note` column (a list under the Markdown
+table) names the rows compared.
+
+Which rows each claim compares (accuracies: metric `accuracy` on the test split, averaged over
+seeds; pts: percentage points; rows from `reports/claim_rows.py`):
+
+- **The TAFT pair.** T: the first method in config order of kind taft with k = 1 that has the
+  claim's rows; F: the first nlft method with k = 1 that has them (T's non-linear counterpart,
+  as `methods.kinds.nonlinear_counterpart` defines it). Without a config (`methods=None`) the
+  methods are the trained records' (`models` view), in name order. Rows per method follow the
+  same order.
+- **TAFT-1 within 1 pt of NLFT-1** (TAFT Table 1): the full-data models (model `shard`, N = 1,
+  no variant) of T and F. Holds when T ≥ F − 1 pt (a T above F holds too).
+- **TAFT composition ≥ non-linear soup** (TAFT Table 2): one row per N > 1 with soups: T's soup
+  (its Δw sum) against F's soup at that N. Holds when T ≥ F.
+- **TAFT subtract ≥ SISA drop** (TAFT Figure 1): one row per N of the unlearning study: T's
+  `subtract` rows against F's `sisa-drop` rows for the same removed shards (r ≥ 1; r = 0 removes
+  nothing), each averaged over requests per r. Holds when T ≥ F at every r; the figure is the
+  mean over r.
+- **DP TAFT ≥ DP NLFT at each ε** (TAFT Table 3): one row per protocol and ε of the privacy
+  study: T's and F's DP models at N = 1 (model `dp-shard`) in each regime both have. Holds when
+  T ≥ F in every such regime.
+- **Matching raises the soup** (rotation paper, Table 2): one row per fusion method, N and
+  init: the fusion study's soup (`fusion-soup`) after the paper's matching (`rotation-scaling`,
+  else `rotation`) against the soup without matching (`none`). Holds when strictly above.
+- **LAST ≥ FC at ≤ 25 % of full fine-tuning's memory** (LAST paper): the first last, fc and full
+  methods (config order) with full-data models: LAST's accuracy against FC's, and the
+  `peak_mem_mb` of LAST's N = 1 training job against full's (train records: CUDA max allocated on
+  a GPU, the process's max RSS on the CPU; same device required). Holds when both hold.
+- **Retrain-shard ≈ N× cheaper than the paragon** (SISA; TAFT Figure 3): one row per method and
+  N of the unlearning study: the `unlearn_time_s` of `retrain-shard` over the requests that
+  touched exactly one shard, against the same-method `paragon`'s (retraining on everything
+  minus the same request; the unlearning report's `speedup_vs_paragon`). Holds when the
+  speed-up is ≥ N / 2 (`bench_unlearning`'s goal: fixed costs per job do not shrink with the
+  shard). n/a when every request touched several shards.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from pipeline_src.reports import claim_rows
+from pipeline_src.store.atomic import write_text
+
+TAFT = "TAFT: Liu, Soatto et al., ICLR 2024"
+ROTATION = "Rotation symmetry: Zhang et al., ICML 2025"
+LAST = "LAST: Tang et al., 2024"
+SISA = "SISA: Bourtoule et al., 2021; TAFT"
+PAPERS = {  # the full references, listed under the Markdown table
+    TAFT: "Tangent Transformers for Composition, Privacy and Removal",
+    ROTATION: "Beyond the Permutation Symmetry of Transformers: The Role of Rotation for Model Fusion",
+    LAST: "Low-Rank Attention Side-Tuning for Parameter-Efficient Fine-Tuning",
+    "SISA: Bourtoule et al., 2021": "Machine Unlearning (IEEE S&P 2021)",
+}
+PAPER_SHARDS = (10, 25, 50)  # the N of TAFT Table 2
+WITHIN_PTS = 1.0  # Table 1: TAFT-1 within this many points of NLFT-1
+LAST_MEMORY = 0.25  # LAST: at most this fraction of full fine-tuning's memory
+EPS = 1e-12  # accuracy ties count as ≥
+
+COLUMNS = {"claim": "claim", "paper": "paper", "where": "paper table/figure", "paper_figure": "paper's figure",
+           "study_figure": "this study's figure", "holds": "holds", "note": "note"}
+
+
+@dataclass
+class Claim:
+    """One row of the claims table."""
+
+    claim: str
+    paper: str
+    where: str
+    paper_figure: str
+    study_figure: str
+    holds: str  # yes | no | n/a
+    note: str = ""
+
+
+def missing(claim: str, paper: str, where: str, paper_figure: str, why: str, note: str = "") -> Claim:
+    """A claim the study cannot test: `why` names the jobs it did not run."""
+    return Claim(claim, paper, where, paper_figure, f"— {why}", "n/a", note)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _pts(d: float) -> str:
+    return f"{100 * d:+.1f} pts"
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
+def first(methods: dict[str, dict], available, kind: str, k: int | None = None) -> str | None:
+    """The first method (in `methods`' order) of `kind` (and `k`) among `available`, or None."""
+    available = set(available)
+    for name, cfg in methods.items():
+        if cfg.get("kind") == kind and (k is None or cfg.get("k") == k) and name in available:
+            return name
+    return None
+
+
+def _pair(methods: dict[str, dict], available) -> tuple[str | None, str | None]:
+    """(T, F): the first taft method with k = 1 and the first nlft method with k = 1 in `available`."""
+    return first(methods, available, "taft", 1), first(methods, available, "nlft", 1)
+
+
+def _pair_missing(t: str | None, f: str | None, rows: str) -> str:
+    return " and ".join(f"no {kind} method with k = 1 has {rows}" for kind, m in (("taft", t), ("nlft", f)) if m is None)
+
+
+def table1_claim(acc: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """TAFT-1 within 1 pt of NLFT-1 (full-data models)."""
+    head = ("TAFT-1 within 1 pt of NLFT-1", TAFT, "Table 1", "TAFT-1 about 1 pt below NLFT-1")
+    full = acc[(acc.model == "shard") & (acc.shards == 1)] if len(acc) else acc
+    t, f = _pair(methods, full.method if len(full) else [])
+    if t is None or f is None:
+        return [missing(*head, _pair_missing(t, f, "a full-data (N = 1) model"))]
+    a, b = (full[full.method == m].accuracy.iloc[0] for m in (t, f))
+    return [Claim(*head, f"{t} {_pct(a)}, {f} {_pct(b)} ({_pts(a - b)})", _yes(a - b >= -WITHIN_PTS / 100 - EPS),
+                  f"full-data models (model shard, N = 1) of {t} and {f}; holds when {t} ≥ {f} − {WITHIN_PTS:g} pt")]
+
+
+def composition_claims(acc: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """TAFT's Δw sum ≥ the non-linear soup, one row per N > 1."""
+    paper_text = "+9 to +13.5 pts over the non-linear soup at N = 10–50"
+    soups = acc[acc.model == "soup"] if len(acc) else acc
+    t, f = _pair(methods, soups.method if len(soups) else [])
+    claim = "TAFT composition (Δw sum) ≥ non-linear soup"
+    if t is None or f is None:
+        return [missing(claim, TAFT, "Table 2", paper_text, _pair_missing(t, f, "soups (N > 1)"))]
+    out = []
+    for n in sorted(set(soups[soups.method.isin([t, f])].shards)):
+        head = (f"{claim}, N = {n}", TAFT, "Table 2",
+                paper_text if n in PAPER_SHARDS else f"not reported at N = {n} ({paper_text})")
+        at = soups[soups.shards == n].set_index("method").accuracy
+        if t not in at or f not in at:
+            out.append(missing(*head, f"no soup of {t if t not in at else f} at N = {n}"))
+            continue
+        out.append(Claim(*head, f"{t} Δw sum {_pct(at[t])}, {f} soup {_pct(at[f])} ({_pts(at[t] - at[f])})",
+                         _yes(at[t] >= at[f] - EPS), f"model soup, N = {n}, of {t} (its Δw sum) and {f}"))
+    return out
+
+
+def subtract_claims(drop: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """TAFT subtract ≥ SISA drop, one row per N of the unlearning study."""
+    claim, paper_text = "TAFT subtract ≥ SISA drop", "about +11 pts over SISA drop"
+    subtract = drop[drop.model == "subtract"] if len(drop) else drop
+    sisa = drop[drop.model == "sisa-drop"] if len(drop) else drop
+    t = first(methods, subtract.method if len(subtract) else [], "taft", 1)
+    f = first(methods, sisa.method if len(sisa) else [], "nlft", 1)
+    if t is None or f is None:
+        why = _pair_missing(t, f, "unlearning-study rows (forget.study: subtract / sisa-drop)")
+        return [missing(claim, TAFT, "Figure 1", paper_text, why)]
+    out = []
+    for n in sorted(set(subtract[subtract.method == t].shards) | set(sisa[sisa.method == f].shards)):
+        head = (f"{claim}, N = {n}", TAFT, "Figure 1", paper_text)
+        a = subtract[(subtract.method == t) & (subtract.shards == n)].groupby("removed").accuracy.mean()
+        b = sisa[(sisa.method == f) & (sisa.shards == n)].groupby("removed").accuracy.mean()
+        both = sorted(set(a.index) & set(b.index))
+        if not both:
+            out.append(missing(*head, f"no removed-shard count r with both {t} subtract and {f} SISA drop at N = {n}"))
+            continue
+        diff = a[both] - b[both]
+        per_r = "; ".join(f"r = {r}: {_pct(a[r])} vs {_pct(b[r])}" for r in both)
+        failing = [r for r in both if diff[r] < -EPS]
+        out.append(Claim(*head, f"{t} subtract {_pct(a[both].mean())}, {f} SISA drop {_pct(b[both].mean())} "
+                         f"({_pts(diff.mean())}, mean over r = {', '.join(map(str, both))})", _yes(not failing),
+                         f"N = {n}, removed shards r (mean over requests): {per_r}"
+                         + (f"; below at r = {', '.join(map(str, failing))}" if failing else "")))
+    return out
+
+
+def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """DP TAFT ≥ DP NLFT, one row per protocol and ε."""
+    claim, paper_text = "DP TAFT ≥ DP NLFT", "TAFT above NLFT at each ε"
+    t, f = _pair(methods, dp.method if len(dp) else [])
+    if t is None and f is None:
+        return [missing(claim, TAFT, "Table 3", paper_text, "the privacy study ran no taft or nlft method with k = 1 "
+                        "(privacy.enabled, privacy.methods)")]
+    out = []
+    for (protocol, eps), g in sorted(dp[dp.method.isin([t, f])].groupby(["protocol", "epsilon"]),
+                                     key=lambda kv: (kv[0][0] != "ours", kv[0])):
+        head = (f"{claim}, ε = {eps:g} ({protocol} protocol)", TAFT, "Table 3", paper_text)
+        acc = g.pivot_table(index="regime", columns="method", values="accuracy")
+        lacking = [m or f"no {kind} method with k = 1" for kind, m in (("taft", t), ("nlft", f)) if m not in acc]
+        if lacking:
+            out.append(missing(*head, f"{' and '.join(lacking)}: no DP model under the {protocol} protocol "
+                               f"at ε = {eps:g}"))
+            continue
+        acc = acc.dropna(subset=[t, f])
+        if acc.empty:
+            out.append(missing(*head, f"{t} and {f} share no regime at ε = {eps:g}"))
+            continue
+        cells = [f"{r}: {_pct(x[t])} vs {_pct(x[f])} ({_pts(x[t] - x[f])})" for r, x in acc.iterrows()]
+        failing = [r for r, x in acc.iterrows() if x[t] < x[f] - EPS]
+        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), _yes(not failing),
+                         f"DP models (dp-shard, N = 1) of {t} and {f}, protocol {protocol}, ε = {eps:g}, regimes "
+                         f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else "")))
+    return out
+
+
+def _in_order(methods: dict[str, dict], names) -> list[str]:
+    """`names` in config order, then any the config does not list, by name."""
+    names = set(names)
+    return [m for m in methods if m in names] + sorted(names - set(methods))
+
+
+def fusion_claims(fusion: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """Matching before merging raises the soup, one row per fusion method, N and init."""
+    claim, paper_text = "Matching before merging raises the soup's accuracy", "matched soup above the unmatched soup"
+    if fusion.empty:
+        return [missing(claim, ROTATION, "Table 2", paper_text, "the fusion study did not run (fusion.enabled)")]
+    out = []
+    rank = {m: i for i, m in enumerate(_in_order(methods, fusion.method))}
+    groups = sorted(fusion.groupby(["method", "shards", "init"]), key=lambda kv: (rank[kv[0][0]], *kv[0][1:]))
+    for (method, n, init), g in groups:
+        acc = g.set_index("matching").accuracy
+        head = (f"{claim}: {method}, N = {n}, {init}", ROTATION, "Table 2", paper_text)
+        matched = next((m for m in ("rotation-scaling", "rotation") if m in acc), None)
+        if matched is None or "none" not in acc:
+            out.append(missing(*head, "no soup " + ("without matching" if matched else "after rotation matching")
+                               + " (fusion.matching)"))
+            continue
+        out.append(Claim(*head, f"{matched} {_pct(acc[matched])}, none {_pct(acc['none'])} "
+                         f"({_pts(acc[matched] - acc['none'])})", _yes(acc[matched] > acc["none"] + EPS),
+                         f"fusion-soup of {method}, N = {n}, init {init}: matching {matched} vs none"))
+    return out
+
+
+def last_claim(acc: pd.DataFrame, memory: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """LAST ≥ FC in accuracy at ≤ 25 % of full fine-tuning's training memory."""
+    head = ("LAST ≥ FC at ≤ 25 % of full fine-tuning's memory", LAST, "Table 7 (memory), accuracy tables",
+            "accuracy ≥ FC (linear probing) with ≤ 25 % of full fine-tuning's training memory")
+    full_data = acc[(acc.model == "shard") & (acc.shards == 1)] if len(acc) else acc
+    names = list(full_data.method) if len(full_data) else []
+    last, fc, full = (first(methods, names, kind) for kind in ("last", "fc", "full"))
+    if last is None or fc is None:
+        kinds = " and ".join(k for k, m in (("last", last), ("fc", fc)) if m is None)
+        return [missing(*head, f"no {kinds} method with a full-data (N = 1) model")]
+    a = full_data.set_index("method").accuracy
+    accuracy = f"{last} {_pct(a[last])}, {fc} {_pct(a[fc])} ({_pts(a[last] - a[fc])})"
+    if full is None:
+        return [missing(*head, f"no full method trained at N = 1; accuracy: {accuracy}")]
+    mem = memory.set_index("method") if len(memory) else pd.DataFrame(columns=["peak_mem_mb", "device"])
+    if last not in mem.index or full not in mem.index:
+        lacking = ", ".join(m for m in (last, full) if m not in mem.index)
+        return [missing(*head, f"no peak_mem_mb in the N = 1 train records of {lacking} (trained before it was "
+                        f"recorded); accuracy: {accuracy}")]
+    if mem.device[last] != mem.device[full] or "," in mem.device[last]:
+        return [missing(*head, f"memory measured on different devices ({mem.device[last]}; {mem.device[full]}); "
+                        f"accuracy: {accuracy}")]
+    ratio = mem.peak_mem_mb[last] / mem.peak_mem_mb[full]
+    what = "CUDA max allocated" if mem.device[last].startswith("cuda") else "process peak RSS"
+    return [Claim(*head, f"{accuracy}; memory {mem.peak_mem_mb[last]:.0f} MB = {100 * ratio:.0f} % of {full}'s "
+                  f"{mem.peak_mem_mb[full]:.0f} MB", _yes(a[last] >= a[fc] - EPS and ratio <= LAST_MEMORY),
+                  f"full-data models of {last}, {fc}; peak memory of the N = 1 training jobs of {last} and {full} "
+                  f"({what}, {mem.device[last]})")]
+
+
+def unlearning_cost_claims(retrain: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """Retrain-shard about N× cheaper than the same-method paragon, one row per method and N."""
+    claim, paper_text = "Unlearning cost: retrain-shard ≈ N× cheaper than the paragon", "≈ N× (one of N shards retrains)"
+    where = "TAFT Figure 1c / Figure 3"
+    shard = retrain[retrain.model == "retrain-shard"] if len(retrain) else retrain
+    if shard.empty:
+        return [missing(claim, SISA, where, paper_text, "the unlearning study did not run (forget.study)")]
+    paragon = retrain[retrain.model == "paragon"]
+    out = []
+    for method in _in_order(methods, shard.method):
+        for n in sorted(set(shard[shard.method == method].shards)):
+            head = (f"{claim}: {method}, N = {n}", SISA, where, paper_text)
+            rows = shard[(shard.method == method) & (shard.shards == n)]
+            one = rows[rows.affected_shards == 1]
+            if one.empty:
+                out.append(missing(*head, f"no request touched a single shard (fewest: "
+                                   f"{rows.affected_shards.min():.0f} of {n}; forget.study.forget_fractions)"))
+                continue
+            keys = ["seed", "fraction", "request"]
+            par = paragon[paragon.method == method].merge(one[keys], on=keys)
+            if par.empty:
+                out.append(missing(*head, f"no paragon of {method} for the single-shard requests"))
+                continue
+            speedup = par.unlearn_time_s.mean() / one.unlearn_time_s.mean()
+            out.append(Claim(*head, f"{speedup:.1f}× ({one.unlearn_time_s.mean():.2f} s vs paragon "
+                             f"{par.unlearn_time_s.mean():.2f} s)", _yes(speedup >= n / 2),
+                             f"unlearn_time_s of {method} retrain-shard over {len(one)} request(s) touching one "
+                             f"shard, and of its paragon for the same requests; holds when ≥ N / 2 = {n / 2:g}×"))
+    return out
+
+
+def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None = None) -> list[Claim]:
+    """Every claim, in the table's order.
+
+    Args:
+        con: a connection with the results views (`store.results_db.connect`).
+        methods: the config's `methods:` (its order picks "the first" method of a kind); None:
+            the trained records' methods in name order.
+    """
+    methods = methods if methods is not None else claim_rows.recorded_methods(con)
+    acc = claim_rows.accuracy_rows(con)
+    return [*table1_claim(acc, methods), *composition_claims(acc, methods),
+            *subtract_claims(claim_rows.drop_rows(con), methods), *dp_claims(claim_rows.privacy_rows(con), methods),
+            *fusion_claims(claim_rows.fusion_rows(con), methods),
+            *last_claim(acc, claim_rows.memory_rows(con), methods),
+            *unlearning_cost_claims(claim_rows.retrain_rows(con), methods)]
+
+
+def study_settings(config: dict) -> str:
+    """One line of the study's settings that the claims depend on (dataset, backbone, training)."""
+    ds, bb, tr = config.get("dataset", {}), config.get("backbone", {}), config.get("train", {})
+    parts = [f"experiment `{config.get('experiment')}`"]
+    parts.append("dataset " + ", ".join(f"{k} {ds[k]}" for k in ("source", "path", "img_size", "limit_per_class",
+                                                                 "source_classes") if ds.get(k) is not None))
+    arch = bb.get("arch") or {}
+    parts.append("backbone " + ", ".join([str(bb.get("source"))] + [f"{k} {bb[k]}" for k in ("timm_name", "checkpoint")
+                                                                    if bb.get(k)]
+                                         + [f"{k} {v}" for k, v in arch.items() if v is not None]))
+    parts.append("training " + ", ".join(f"{k} {tr[k]}" for k in ("epochs", "batch_size", "lr") if k in tr))
+    parts += [f"shards {config.get('shards')}", f"seeds {config.get('seeds')}", f"device {config.get('device', 'auto')}"]
+    return "; ".join(parts)
+
+
+def claims_report(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict | None = None) -> list[Path]:
+    """Write `claims.md` (table, then each row's note) and `claims.csv` (with the notes).
+
+    Args:
+        con: a connection with the results views.
+        out_dir: the report folder.
+        config: the study's config (its methods' order, and a settings line in the Markdown);
+            None: methods from the trained records, no settings line.
+    """
+    claims = study_claims(con, config["methods"] if config else None)
+    df = pd.DataFrame([asdict(c) for c in claims], columns=list(COLUMNS)).rename(columns=COLUMNS)
+    md, csv = out_dir / "claims.md", out_dir / "claims.csv"
+    counts = df.holds.value_counts()
+    text = ["# Claims: the papers' figures beside this study's", ""]
+    if config:
+        text += [f"Study: {study_settings(config)}.", ""]
+    text += [f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, n/a {counts.get('n/a', 0)} (n/a: the "
+             "study did not run the jobs the claim needs). Accuracies on the test split, mean over seeds; pts: "
+             "percentage points. Selection rules: `pipeline_src/reports/claims.py`.", "",
+             df.drop(columns="note").to_markdown(index=False), "", "## Rows compared", ""]
+    text += [f"- {c.claim}: {c.note}." for c in claims if c.note]
+    text += ["", "## Papers", ""] + [f"- {short}: {title}" for short, title in PAPERS.items()]
+    write_text("\n".join(text) + "\n", md)
+    write_text(df.to_csv(index=False), csv)
+    return [md, csv]
+
+
+REPORTS: dict = {"claims": claims_report}
