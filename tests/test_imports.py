@@ -14,18 +14,21 @@ from tests.conftest import REPO
 PKG = REPO / "pipeline_src"
 
 # What each package may import besides itself. `plan` is the bottom layer (parse time, no
-# torch), then `store`, `data`, the algorithm libraries, `methods`, and the job-time layers on
-# top. Two leaf modules import nothing of the package and have their own entry: `methods.kinds`
-# (per-kind facts, torch-free: what plan knows of the method kinds) and `store.atomic`.
-LEAVES = ("methods.kinds", "store.atomic")
-LIBRARIES = {"taft", "last", "dp", "matching", "fusion", "optim"}
+# torch), then `store`, `data`, and the job-time layers on top. The algorithm libraries stand
+# alone, like timm and Opacus: they import one another but nothing of the pipeline (issue 24).
+# Three leaf modules import nothing of the package and have their own entry, so the parse-time
+# `plan` may use them: `methods.kinds` (per-kind facts, torch-free), `store.atomic` and
+# `optim.schedule` (the LR schedule, pure arithmetic: `plan` checks `train.schedule` with it).
+LEAVES = ("methods.kinds", "store.atomic", "optim.schedule")
+LIBRARIES = {"taft", "last", "dp", "matching", "fusion", "optim", "vit"}
 ALLOWED: dict[str, set[str]] = {
     "methods.kinds": set(),
     "store.atomic": set(),
-    "plan": {"methods.kinds", "store.atomic"},
+    "optim.schedule": set(),
+    "plan": {"methods.kinds", "store.atomic", "optim.schedule"},
     "store": {"plan", "methods.kinds"},
     "data": {"plan", "store"},
-    **{lib: {"plan", "store", "data"} | LIBRARIES for lib in LIBRARIES},
+    **{lib: set(LIBRARIES) for lib in LIBRARIES},
     "methods": {"plan", "store", "data", "methods.kinds"} | LIBRARIES,
     "runner": {"store"},
     "reports": {"plan", "store"},
@@ -117,6 +120,21 @@ def test_layering_contract():
             if dst is not None and dst not in allowed and dst.split(".")[0] not in allowed:
                 bad.append(f"{mod} -> {dep}")
     assert bad == [], "imports across the layering contract (tests/test_imports.py ALLOWED):\n" + "\n".join(bad)
+
+
+def test_libraries_import_nothing_of_the_pipeline():
+    """taft/, last/, dp/, matching/, fusion/, optim/ and vit/ import only one another (and torch,
+    timm, Opacus, numpy, scipy): no `plan`, `store`, `data`, `methods`, `runner`, `reports` or `steps`,
+    whether at module level or inside a function."""
+    bad = [f"{mod} -> {dep}" for mod, deps in graph().items() if layer(mod) in LIBRARIES
+           for dep in sorted(deps) if layer(dep).split(".")[0] not in LIBRARIES]
+    assert bad == [], "a library imports the pipeline:\n" + "\n".join(bad)
+
+
+def test_every_package_has_an_entry():
+    """A new package must be placed in the contract (a library, or a layer with its allowed imports)."""
+    packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
+    assert [p for p in packages if p not in ALLOWED] == []
 
 
 def test_every_top_level_module_has_a_package():

@@ -18,7 +18,7 @@ from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.model_io import save_model
-from pipeline_src.store.provenance import state_digest
+from pipeline_src.vit.digest import state_digest
 
 PREFIX_BATCH = 256  # images per no-grad prefix batch when training without a cache (fixed: it may round differently)
 
