@@ -152,6 +152,22 @@ def test_plan_imports_no_torch():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_cold_dry_run_imports_no_torch(tmp_path):
+    """`snakemake -n` of the default study in a fresh interpreter and a fresh results folder (no
+    plan cache: the privacy budgets are checked, with plan/rdp_accountant.py) loads no torch, timm,
+    Opacus or scikit-learn: they cost seconds of every parse (issue 24)."""
+    code = ("import sys\nfrom snakemake.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(k for k in ('torch', 'timm', 'opacus', 'sklearn') if k in sys.modules))")
+    args = ["-n", "-q", "-s", str(REPO / "Snakefile"), "--configfile", str(REPO / "config.yaml"),
+            "--directory", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "results" / "prepare" / ".plan_cache").is_dir(), "the parse did not run validation here"
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
 def test_the_query_cli_imports_no_torch():
     """Querying results (DuckDB over Parquet) starts in a fraction of a second: no torch."""
     code = ("import sys, pipeline_src.store.query, pipeline_src.store.results_db\n"
