@@ -210,3 +210,26 @@ def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> No
                              f"{LARGEST_SIGMA_TRIED:g} reaches it with δ = {p['delta']} in {steps} steps at sampling "
                              f"rate {1.0 / spe:.4g} (privacy.shards N = {n}, {p['accountant']} accountant; "
                              f"the least ε reachable is {floor:.3g}){why}")
+
+
+def private_evaluation_targets(cfg: dict, results: str) -> list[str]:
+    """Every metrics file of the privacy study: each DP shard model, and for N > 1 the Δw sum
+    (taft) or the ensemble (other kinds) of the shards. Listed whether or not the study is enabled
+    (the `privacy` target); `all` takes them only when it is.
+
+    Args:
+        cfg: the validated config.
+        results: the results folder.
+    """
+    p = cfg["privacy"]
+    out = []
+    for protocol, m, regime in privacy_jobs(cfg):
+        composed = "soup" if kind_of(cfg["methods"][m]).tangent else "ensemble"
+        for eps in p["epsilons"]:
+            for n in p["shards"]:
+                for s in cfg["seeds"]:
+                    base = f"{results}/metrics/private/{protocol}/{m}/{regime}/eps{epsilon_label(eps)}/n{n}_s{s}"
+                    out += [f"{base}/shard{i}.parquet" for i in range(n)]
+                    if n > 1:
+                        out.append(f"{base}/{composed}.parquet")
+    return out

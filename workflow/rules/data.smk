@@ -10,6 +10,8 @@ rule prepare:
     benchmark:
         f"{R}/logs/prepare/prepare.bench.tsv"
     threads: 2  # decoding threads
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -25,6 +27,8 @@ rule signature:
         value=lambda w: signature_value(w.name),
     log:
         f"{R}/logs/signature/{{name}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -47,5 +51,7 @@ rule pretrain:
     resources:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"

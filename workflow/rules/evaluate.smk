@@ -15,6 +15,8 @@ rule evaluate_shard:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -32,6 +34,8 @@ rule evaluate_soup:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.log",
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -49,5 +53,7 @@ rule evaluate_ensemble:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.log",
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"

@@ -6,8 +6,7 @@
 # listing). A forget request, or new or removed data, therefore changes the params of the
 # affected shards' manifest jobs only, and Snakemake reruns those jobs and their dependants
 # (training, composition, evaluation, report) and nothing else.
-from pipeline_src.methods.kinds import kind_of
-from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, nonlinear_paragon, shard_members
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, shard_members, unlearning_targets
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -30,51 +29,13 @@ rule forget_manifest:
         forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
     log:
         f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
 
 # ---------------------------------------------------------------- the study
-def _fraction_tag(f):
-    return f"{f:g}"
-
-
-def _study_cache_input(w, method_cfg=None):
-    return feature_inputs(w.method, method_cfg)
-
-
-def unlearn_drop_inputs(w):
-    inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-              "models": shard_models(w)}
-    if kind_of(config["methods"][w.method]).tangent:
-        inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
-    return inputs
-
-
-def unlearn_retrain_inputs(w):
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "models": shard_models(w), **_study_cache_input(w)}
-
-
-def unlearn_paragon_inputs(w):
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w)}
-
-
-def unlearn_paragon_nonlinear_inputs(w):
-    """As the paragon's, with the features of the non-linear model it trains (TAFT App. C.3)."""
-    _, method = nonlinear_paragon(config, w.method)
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w, method)}
-
-
-def nonlinear_paragon_signature(w):
-    name, method = nonlinear_paragon(config, w.method)
-    settings = {k: method.get(k, v) for k, v in config["train"].items()}
-    return json.dumps({"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]},
-                      sort_keys=True)
-
-
 rule unlearn_drop:
     input:
         unpack(unlearn_drop_inputs),
@@ -90,6 +51,8 @@ rule unlearn_drop:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -113,6 +76,8 @@ rule unlearn_retrain:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -137,6 +102,8 @@ rule unlearn_paragon:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -162,34 +129,16 @@ rule unlearn_paragon_nonlinear:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
 
-def unlearning_targets():
-    """Every metrics file of the unlearning study (empty when it is off)."""
-    if not STUDY["enabled"]:
-        return []
-    out = []
-    requests = range(STUDY["requests_per_point"])
-    for m in STUDY["methods"]:
-        for s in SEEDS:
-            for f in STUDY["forget_fractions"]:
-                out += [f"{R}/metrics/unlearn_paragon/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet" for j in requests]
-                if nonlinear_paragon(config, m) is not None:  # TAFT App. C.3: retrain the non-linear model
-                    out += [f"{R}/metrics/unlearn_paragon_nonlinear/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet"
-                            for j in requests]
-            for n in STUDY["shards"]:
-                out.append(f"{R}/metrics/unlearn_drop/{m}/n{n}_s{s}.parquet")
-                for f in STUDY["forget_fractions"]:
-                    out += [f"{R}/metrics/unlearn_retrain/{m}/n{n}_s{s}/f{_fraction_tag(f)}_r{j}.parquet"
-                            for j in requests]
-    return out
-
-
-STUDY_METRICS.extend(unlearning_targets())
+UNLEARNING_METRICS = unlearning_targets(config, R)
+STUDY_METRICS.extend(UNLEARNING_METRICS)
 
 
 rule unlearning:
     input:
-        unlearning_targets(),
+        UNLEARNING_METRICS,

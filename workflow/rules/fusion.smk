@@ -14,31 +14,6 @@ FUSION_WILDCARDS = dict(init="|".join(INITS), matching="|".join(MATCHINGS), fusi
 FUSION_RUN = "{init}/{method}/n{shards}_s{seed}"
 
 
-def fusion_common_inputs(w):
-    """Samples, backbone and (when cached) the method's frozen-prefix features."""
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            **feature_inputs(w.method)}
-
-
-def fusion_match_inputs(w):
-    if w.init == "shared":
-        models = shard_models(w)
-    else:
-        models = [f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
-    return {**fusion_common_inputs(w), "models": models}
-
-
-def fusion_match_params(w):
-    fus = config["fusion"]
-    return json.dumps({"blocks": fus["blocks"], "match_ffn": fus["match_ffn"]}, sort_keys=True)
-
-
-def fusion_settings(w):
-    """The settings of one fusion method (so changing one method's setting reruns only its jobs)."""
-    keys = {"soup": [], "fisher": ["fisher_samples"], "regmean": ["regmean_alpha"]}[w.fusion]
-    return json.dumps({k: config["fusion"][k] for k in keys}, sort_keys=True)
-
-
 rule fusion_train:
     input:
         unpack(train_inputs),
@@ -55,6 +30,8 @@ rule fusion_train:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -76,6 +53,8 @@ rule fusion_match:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -99,6 +78,8 @@ rule fuse:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 

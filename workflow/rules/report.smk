@@ -11,8 +11,10 @@ rule report:
         reports=report(directory(f"{R}/report"), patterns=["{name}.png", "{name}.csv"],
                        category="Study reports", caption="../report/reports.rst"),
     params:
-        results_dir=R,
+        results_dir=lambda w, output: os.path.dirname(output.reports),  # results/report -> results
     log:
         f"{R}/logs/report/report.log",
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"

@@ -18,6 +18,8 @@ rule features:
     resources:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -40,6 +42,8 @@ rule train:
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -69,5 +73,7 @@ for _method in VECTORIZED_METHODS:
             resources:
                 mem_mb=mem_per_attempt(RES["train_mem_mb"]),
                 gpu=RES["gpu"],
+            conda:
+                "../envs/pipeline.yaml"
             script:
                 "../scripts/step.py"
