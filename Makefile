@@ -55,7 +55,7 @@ lock-upgrade: $(LOCKENV)/bin/uv
 	$(UV_COMPILE) --upgrade
 	$(MAKE) conda-env
 
-# The venv's python when there is one (it needs `packaging` and pyarrow, both in the lock).
+# The venv's python when there is one; the module needs only the standard library (Python >= 3.11: tomllib).
 conda-env:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipeline_src.plan.conda_env
 

@@ -1,6 +1,7 @@
 """The code and the workflow pass their linters: `ruff check` (rules in pyproject.toml: pyflakes,
-import order, bugbear) and `snakemake --lint` on the default and the .test study. ruff comes with
-the `test` extra, so a missing ruff fails here instead of skipping."""
+import order, bugbear), `snakefmt --check` (the Snakefile and workflow/rules/*.smk) and
+`snakemake --lint` on the default and the .test study. ruff and snakefmt come with the `test`
+extra, so a missing one fails here instead of skipping."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,14 @@ def test_ruff_is_clean():
                          cwd=REPO, capture_output=True, text=True)
     assert "No module named ruff" not in out.stderr, "install the test extra: pip install -e '.[test]'"
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_snakefmt_is_clean():
+    """The workflow files are formatted as snakefmt (line length in pyproject.toml) writes them."""
+    out = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "--diff", "."],
+                         cwd=REPO, capture_output=True, text=True)
+    assert "No module named snakefmt" not in out.stderr, "install the test extra: pip install -e '.[test]'"
+    assert out.returncode == 0, "run `snakefmt .`:\n" + out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("configfile", ["config.yaml", ".test/config.yaml"])

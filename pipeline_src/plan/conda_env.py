@@ -5,7 +5,7 @@ that runs a job (a cluster node, say): CPython `LOCK_PYTHON` from conda-forge, t
 the lock's pins of what the jobs import. That is the runtime closure of `[project].dependencies`:
 the lock's `# via` comments give each pin's parents, so the test extra's tools (pytest, ruff,
 snakefmt) stay out unless a runtime package needs them too. The file is written by `make
-conda-env` (and by `make lock`), never by hand; `tests/plan/test_conda_env.py` checks that the
+conda-env` (and by `make lock`; the standard library suffices), never by hand; `tests/plan/test_conda_env.py` checks that the
 committed file is what the lock gives.
 
     python -m pipeline_src.plan.conda_env            # write workflow/envs/pipeline.yaml
@@ -27,9 +27,9 @@ from pipeline_src.plan.environment import (
     normalize,
     read_lock,
 )
-from pipeline_src.store.atomic import write_text
 
 ENV_FILE = PACKAGE_ROOT / "workflow" / "envs" / "pipeline.yaml"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a requirement's project name (PEP 508)
 _ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==")
 _PARENT = re.compile(r"^#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(\(.*\))?$")
 
@@ -73,14 +73,12 @@ def runtime_pins(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT
     Raises:
         ValueError: a dependency of pyproject.toml has no pin (run `make lock`).
     """
-    from packaging.requirements import Requirement
-
     pins = read_lock(lock)
     children: dict[str, set[str]] = {}
     for child, parents in lock_parents(lock).items():
         for p in parents:
             children.setdefault(p, set()).add(child)
-    roots = [normalize(Requirement(r).name) for r in _load_toml(Path(pyproject))["project"]["dependencies"]]
+    roots = [normalize(_NAME.match(r.strip()).group(0)) for r in _load_toml(Path(pyproject))["project"]["dependencies"]]
     missing = [r for r in roots if r not in pins]
     if missing:
         raise ValueError(f"{lock} has no pin for {missing} of {pyproject}: run `make lock`")
@@ -132,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(text, out)
+    out.write_text(text)  # a source file, not a result; the standard library only, so `make lock` runs it anywhere
     print(f"wrote {out} ({text.count('==')} pins)")
     return 0
 

@@ -20,19 +20,19 @@ rule ablation:
         unpack(ablation_inputs),
     output:
         metrics=f"{R}/metrics/ablation/{{method}}/{{variant}}/s{{seed}}.parquet",
-    params:
-        overrides=lambda w: ABLATION_POINTS[w.variant]["overrides"],
-    wildcard_constraints:
-        variant="|".join(ABLATION_POINTS) or "none",
     log:
         f"{R}/logs/ablation/{{method}}/{{variant}}/s{{seed}}.log",
     benchmark:
         f"{R}/logs/ablation/{{method}}/{{variant}}/s{{seed}}.bench.tsv"
+    wildcard_constraints:
+        variant="|".join(ABLATION_POINTS) or "none",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        overrides=lambda w: ABLATION_POINTS[w.variant]["overrides"],
     script:
         "../scripts/step.py"

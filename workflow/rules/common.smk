@@ -8,7 +8,8 @@ sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without insta
 # Jobs, the fork server and Slurm jobs inherit this: they run this workflow's package, never
 # another checkout's that an editable install of one shared virtualenv points at.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir])
+    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir]
+)
 
 
 envvars:
@@ -26,6 +27,7 @@ from pipeline_src.plan.privacy import dp_method_config, dp_settings
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
+
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
 
 try:
@@ -36,6 +38,7 @@ config.clear()
 config.update(_validated)
 if workflow.is_main_process:  # the estimated feature cache sizes (refused over features.max_cache_gb above)
     from pipeline_src.plan.config import check_cache_budget
+
     for _line in check_cache_budget(config):
         logger.info(_line)
 
@@ -136,8 +139,16 @@ def upstream_signature():
 
     t = samples_table(config).to_pydict()
     source_ids = [i for i, task in zip(t["sample_id"], t["task"]) if task == "source"]
-    return json.dumps({"dataset": config["dataset"], "backbone": config["backbone"], "features": config["features"],
-                       "seed": config["seed"], "pretrain_data": membership_digest(source_ids)}, sort_keys=True)
+    return json.dumps(
+        {
+            "dataset": config["dataset"],
+            "backbone": config["backbone"],
+            "features": config["features"],
+            "seed": config["seed"],
+            "pretrain_data": membership_digest(source_ids),
+        },
+        sort_keys=True,
+    )
 
 
 def dataset_listing_digest():
@@ -178,49 +189,70 @@ def _study_cache_input(w, method_cfg=None):
 
 
 def unlearn_drop_inputs(w):
-    inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-              "models": shard_models(w)}
+    inputs = {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "models": shard_models(w),
+    }
     if kind_of(config["methods"][w.method]).tangent:
         inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
     return inputs
 
 
 def unlearn_retrain_inputs(w):
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "models": shard_models(w), **_study_cache_input(w)}
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "models": shard_models(w),
+        **_study_cache_input(w),
+    }
 
 
 def unlearn_paragon_inputs(w):
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w)}
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors",
+        **_study_cache_input(w),
+    }
 
 
 def unlearn_paragon_nonlinear_inputs(w):
     """As the paragon's, with the features of the non-linear model it trains (TAFT App. C.3)."""
     _, method = nonlinear_paragon(config, w.method)
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w, method)}
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors",
+        **_study_cache_input(w, method),
+    }
 
 
 def nonlinear_paragon_signature(w):
     name, method = nonlinear_paragon(config, w.method)
     settings = {k: method.get(k, v) for k, v in config["train"].items()}
-    return json.dumps({"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]},
-                      sort_keys=True)
+    return json.dumps(
+        {"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True
+    )
 
 
 # ------------------------------------------------------------ the fusion study (fusion.smk)
 def fusion_common_inputs(w):
     """Samples, backbone and (when cached) the method's frozen-prefix features."""
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            **feature_inputs(w.method)}
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        **feature_inputs(w.method),
+    }
 
 
 def fusion_match_inputs(w):
     if w.init == "shared":
         models = shard_models(w)
     else:
-        models = [f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
+        models = [
+            f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))
+        ]
     return {**fusion_common_inputs(w), "models": models}
 
 

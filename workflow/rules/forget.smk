@@ -24,13 +24,13 @@ localrules:
 rule forget_manifest:
     output:  # no input files: the members are params, so only shards whose members change rerun
         manifest=f"{R}/split/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
-    params:
-        members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
-        forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
     log:
         f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     conda:
         "../envs/pipeline.yaml"
+    params:
+        members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
+        forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
     script:
         "../scripts/step.py"
 
@@ -42,17 +42,17 @@ rule unlearn_drop:
     output:
         metrics=f"{R}/metrics/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.parquet",
         models=directory(f"{R}/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}"),
-    params:
-        removed_shards=STUDY["removed_shards"],
-        requests=STUDY["requests_per_point"],
     log:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.log",
     benchmark:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
-    resources:
-        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
     conda:
         "../envs/pipeline.yaml"
+    resources:
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
+    params:
+        removed_shards=STUDY["removed_shards"],
+        requests=STUDY["requests_per_point"],
     script:
         "../scripts/step.py"
 
@@ -63,21 +63,21 @@ rule unlearn_retrain:
     output:
         metrics=f"{R}/metrics/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         models=directory(f"{R}/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}"),
-    params:
-        signature=training_signature,
-    wildcard_constraints:
-        fraction=r"[0-9.e-]+",
-        request=r"\d+",
     log:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.log",
     benchmark:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -89,21 +89,21 @@ rule unlearn_paragon:
         metrics=f"{R}/metrics/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         model=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
         record=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
-    params:
-        signature=training_signature,
-    wildcard_constraints:
-        fraction=r"[0-9.e-]+",
-        request=r"\d+",
     log:
         f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
     benchmark:
         f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -115,22 +115,22 @@ rule unlearn_paragon_nonlinear:
         metrics=f"{R}/metrics/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         model=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
         record=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
-    params:
-        signature=nonlinear_paragon_signature,
-        nonlinear=True,
-    wildcard_constraints:
-        fraction=r"[0-9.e-]+",
-        request=r"\d+",
     log:
         f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
     benchmark:
         f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        signature=nonlinear_paragon_signature,
+        nonlinear=True,
     script:
         "../scripts/step.py"
 

@@ -20,18 +20,18 @@ rule fusion_train:
     output:
         model=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
-    params:
-        signature=training_signature,
     log:
         f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -42,19 +42,19 @@ rule fusion_match:
     output:
         models=directory(f"{R}/fusion_match/{FUSION_RUN}/{{matching}}"),
         metrics=f"{R}/metrics/fusion_match/{FUSION_RUN}/{{matching}}.parquet",
-    wildcard_constraints:
-        **FUSION_WILDCARDS,
-    params:
-        settings=fusion_match_params,
     log:
         f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.log",
     benchmark:
         f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.bench.tsv"
+    wildcard_constraints:
+        **FUSION_WILDCARDS,
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        settings=fusion_match_params,
     script:
         "../scripts/step.py"
 
@@ -67,19 +67,19 @@ rule fuse:
         model=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.safetensors",
         record=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.json",
         metrics=f"{R}/metrics/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.parquet",
-    wildcard_constraints:
-        **FUSION_WILDCARDS,
-    params:
-        settings=fusion_settings,
     log:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.log",
     benchmark:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.bench.tsv"
+    wildcard_constraints:
+        **FUSION_WILDCARDS,
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        settings=fusion_settings,
     script:
         "../scripts/step.py"
 

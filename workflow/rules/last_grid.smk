@@ -11,18 +11,18 @@ rule last_grid:
         unpack(last_grid_inputs),
     output:
         metrics=f"{R}/metrics/last_grid/{{method}}/n{{shards}}_s{{seed}}.parquet",
-    params:
-        signature=last_grid_signature,
     log:
         f"{R}/logs/last_grid/{{method}}/n{{shards}}_s{{seed}}.log",
     benchmark:
         f"{R}/logs/last_grid/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        signature=last_grid_signature,
     script:
         "../scripts/step.py"
 

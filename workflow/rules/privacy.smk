@@ -1,10 +1,10 @@
 # The privacy study (TAFT paper §3.4, Table 3): DP training per protocol x method x regime x
 # epsilon x shard count x shard x seed from the cached features, DP taft shards composed by their
 # Δw sum, every DP model evaluated. Protocol ours: Poisson DP-SGD; paper: the TAFT paper's
-# full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
-# so `report` (and `all`) build them; `snakemake privacy` builds them alone.
+# full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS
+# (common.smk) when privacy.enabled, so `report` (and `all`) build them; `snakemake privacy` builds
+# them alone. The input, params and signature functions are in common.smk.
 from pipeline_src.plan.privacy import PROTOCOLS, private_evaluation_targets
-
 
 
 wildcard_constraints:
@@ -30,18 +30,18 @@ rule train_private:
     output:
         model=f"{PRIVATE}/shard{{shard}}.safetensors",
         record=f"{PRIVATE}/shard{{shard}}.json",
-    params:
-        signature=private_signature,
     log:
         f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
-    conda:
-        "../envs/pipeline.yaml"
+    params:
+        signature=private_signature,
     script:
         "../scripts/step.py"
 
@@ -67,14 +67,14 @@ rule evaluate_private:
         unpack(private_evaluation_inputs),
     output:
         metrics=f"{PRIVATE_METRICS}/{{dp_model}}.parquet",
-    params:
-        model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
-        shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
     log:
         f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.log",
     benchmark:
         f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
+    params:
+        model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
+        shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
     script:
         "../scripts/step.py"
