@@ -4,6 +4,7 @@
 # and three for the pinned environment (README "Pinned environment"):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
+#   make conda-env      rewrite workflow/envs/pipeline.yaml (the rules' conda env) from the lock (lock does it too)
 #   make golden  rerun the tiny study on the CPU and rewrite tests/golden/tiny_accuracy.csv
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,7 +20,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study test install check-lock lock lock-upgrade golden clean-results
+.PHONY: study test install check-lock lock lock-upgrade conda-env golden clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +49,15 @@ UV_COMPILE = $(LOCKENV)/bin/uv pip compile pyproject.toml --extra test --generat
 
 lock: $(LOCKENV)/bin/uv
 	$(UV_COMPILE)
+	$(MAKE) conda-env
 
 lock-upgrade: $(LOCKENV)/bin/uv
 	$(UV_COMPILE) --upgrade
+	$(MAKE) conda-env
+
+# The venv's python when there is one; the module needs only the standard library (Python >= 3.11: tomllib).
+conda-env:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipeline_src.plan.conda_env
 
 golden: install
 	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/e2e/test_golden.py

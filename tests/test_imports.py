@@ -14,18 +14,21 @@ from tests.conftest import REPO
 PKG = REPO / "pipeline_src"
 
 # What each package may import besides itself. `plan` is the bottom layer (parse time, no
-# torch), then `store`, `data`, the algorithm libraries, `methods`, and the job-time layers on
-# top. Two leaf modules import nothing of the package and have their own entry: `methods.kinds`
-# (per-kind facts, torch-free: what plan knows of the method kinds) and `store.atomic`.
-LEAVES = ("methods.kinds", "store.atomic")
-LIBRARIES = {"taft", "last", "dp", "matching", "fusion", "optim"}
+# torch), then `store`, `data`, and the job-time layers on top. The algorithm libraries stand
+# alone, like timm and Opacus: they import one another but nothing of the pipeline (issue 24).
+# Three leaf modules import nothing of the package and have their own entry, so the parse-time
+# `plan` may use them: `methods.kinds` (per-kind facts, torch-free), `store.atomic` and
+# `optim.schedule` (the LR schedule, pure arithmetic: `plan` checks `train.schedule` with it).
+LEAVES = ("methods.kinds", "store.atomic", "optim.schedule")
+LIBRARIES = {"taft", "last", "dp", "matching", "fusion", "optim", "vit"}
 ALLOWED: dict[str, set[str]] = {
     "methods.kinds": set(),
     "store.atomic": set(),
-    "plan": {"methods.kinds", "store.atomic"},
+    "optim.schedule": set(),
+    "plan": {"methods.kinds", "store.atomic", "optim.schedule"},
     "store": {"plan", "methods.kinds"},
     "data": {"plan", "store"},
-    **{lib: {"plan", "store", "data"} | LIBRARIES for lib in LIBRARIES},
+    **{lib: set(LIBRARIES) for lib in LIBRARIES},
     "methods": {"plan", "store", "data", "methods.kinds"} | LIBRARIES,
     "runner": {"store"},
     "reports": {"plan", "store"},
@@ -119,6 +122,21 @@ def test_layering_contract():
     assert bad == [], "imports across the layering contract (tests/test_imports.py ALLOWED):\n" + "\n".join(bad)
 
 
+def test_libraries_import_nothing_of_the_pipeline():
+    """taft/, last/, dp/, matching/, fusion/, optim/ and vit/ import only one another (and torch,
+    timm, Opacus, numpy, scipy): no `plan`, `store`, `data`, `methods`, `runner`, `reports` or `steps`,
+    whether at module level or inside a function."""
+    bad = [f"{mod} -> {dep}" for mod, deps in graph().items() if layer(mod) in LIBRARIES
+           for dep in sorted(deps) if layer(dep).split(".")[0] not in LIBRARIES]
+    assert bad == [], "a library imports the pipeline:\n" + "\n".join(bad)
+
+
+def test_every_package_has_an_entry():
+    """A new package must be placed in the contract (a library, or a layer with its allowed imports)."""
+    packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
+    assert [p for p in packages if p not in ALLOWED] == []
+
+
 def test_every_top_level_module_has_a_package():
     top = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
     assert top == [], f"modules outside the layered packages: {top}"
@@ -132,6 +150,22 @@ def test_plan_imports_no_torch():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_cold_dry_run_imports_no_torch(tmp_path):
+    """`snakemake -n` of the default study in a fresh interpreter and a fresh results folder (no
+    plan cache: the privacy budgets are checked, with plan/rdp_accountant.py) loads no torch, timm,
+    Opacus or scikit-learn: they cost seconds of every parse (issue 24)."""
+    code = ("import sys\nfrom snakemake.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(k for k in ('torch', 'timm', 'opacus', 'sklearn') if k in sys.modules))")
+    args = ["-n", "-q", "-s", str(REPO / "Snakefile"), "--configfile", str(REPO / "config.yaml"),
+            "--directory", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "results" / "prepare" / ".plan_cache").is_dir(), "the parse did not run validation here"
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 
 
 def test_the_query_cli_imports_no_torch():

@@ -41,7 +41,7 @@ MODULES: dict[str, str] = {
     # data/: sample store, sharding, backbone
     "sample_store": "data.sample_store",
     "backbone": "data.backbone",
-    "vit_parts": "data.vit_parts",
+    "vit_parts": "vit.parts",
     # store/: what jobs write and what reads it back
     "atomic": "store.atomic",
     "model_io": "store.model_io",

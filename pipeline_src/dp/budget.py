@@ -14,6 +14,9 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
 ACCOUNTANTS = ("rdp", "prv")
+# The neighbouring relation the accountants' ε holds for, recorded with every DP model. Per shard it
+# holds because the pipeline's keyed-hash sharding (`plan/sharding.py`) puts one record in one shard.
+NEIGHBOURING = "add/remove one sample (keyed-hash sharding: one record changes exactly one shard)"
 
 
 class InfeasibleBudget(ValueError):

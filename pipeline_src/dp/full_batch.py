@@ -22,9 +22,8 @@ from opacus.accountants import create_accountant
 from torch import nn
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
-from pipeline_src.dp.budget import plan_budget
+from pipeline_src.dp.budget import NEIGHBOURING, plan_budget
 from pipeline_src.dp.secret_randomness import secret_generator
-from pipeline_src.plan.sharding import NEIGHBOURING
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 FULL_BATCH_MODES = ("bk",)

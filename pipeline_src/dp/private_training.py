@@ -31,12 +31,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
-from pipeline_src.dp.budget import plan_budget, steps_per_epoch
+from pipeline_src.dp.budget import NEIGHBOURING, plan_budget, steps_per_epoch
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
 from pipeline_src.dp.secret_randomness import secret_generator
-from pipeline_src.plan.sharding import NEIGHBOURING
 
 MODES = ("bk", "fast", "ghost", "hooks")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -37,8 +37,8 @@ from pipeline_src.last.train import (
     check_dataset,
     normalize_member,
 )
+from pipeline_src.optim.schedule import lr_factor
 from pipeline_src.optim.stacked_adamw import stacked_adamw_
-from pipeline_src.plan.schedule import lr_factor
 
 
 class _Group:

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from pipeline_src.last.features import BlockBatches
 from pipeline_src.last.side_network import SideNetwork
+from pipeline_src.optim.schedule import apply_schedule
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
-from pipeline_src.plan.schedule import apply_schedule
 
 MEMBER_DEFAULTS: dict = {
     "every": 1, "modules_per_block": 1, "bias_correction": True, "zero_init_up": False,
@@ -100,7 +100,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
         batch_size: samples per step.
         seed: data-order seed (shared by all members of a grid).
         progress: optional callback (epoch, step, loss of shape (1,)).
-        schedule: `train.schedule` (`plan/schedule.py`), per optimizer step; None: constant lr.
+        schedule: `train.schedule` (`optim/schedule.py`), per optimizer step; None: constant lr.
     """
     m = normalize_member(member)
     source = features if isinstance(features, BlockBatches) else BlockBatches(features)

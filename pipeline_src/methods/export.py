@@ -96,7 +96,7 @@ def export_model(model_path: str | Path, dest: str | Path, backbone_dir: str | P
     from safetensors.torch import load_file
 
     from pipeline_src.store.private_provenance import results_root_of
-    from pipeline_src.store.provenance import state_digest
+    from pipeline_src.vit.digest import state_digest
 
     model_path, dest = Path(model_path), Path(dest)
     if not model_path.is_file() or not model_path.with_suffix(".json").is_file():

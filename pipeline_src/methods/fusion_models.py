@@ -15,11 +15,11 @@ from torch import nn
 
 from pipeline_src.data.feature_cache import FeatureCache
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
 from pipeline_src.matching.lsa_rotation import find_lsa_prefixes
 from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import batched_apply
+from pipeline_src.vit.parts import FromPrefix
 
 # matching kind → (rotation, scaling) of `match_attention_heads`; `none` does not match.
 MATCH_OPTIONS = {"permutation": (False, False), "rotation": (True, False), "rotation-scaling": (True, True)}

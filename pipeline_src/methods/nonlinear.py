@@ -10,7 +10,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from pipeline_src.data.vit_parts import vit_prefix, vit_tail
+from pipeline_src.vit.parts import vit_prefix, vit_tail
 
 
 class TailFineTune(nn.Module):

@@ -17,7 +17,6 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from pipeline_src.data.throughput import Throughput
-from pipeline_src.data.vit_parts import reset_head
 from pipeline_src.last.features import BlockBatches, extract_features
 from pipeline_src.last.train import build_side_network, train_side_network
 from pipeline_src.methods.kinds import LAST_DEFAULTS
@@ -25,6 +24,7 @@ from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import cross_entropy, fit
 from pipeline_src.taft.tangent_vit import TangentViT
 from pipeline_src.taft.train import train_tangent
+from pipeline_src.vit.parts import reset_head
 
 
 class TunedModel(Protocol):

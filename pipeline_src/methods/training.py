@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from pipeline_src.data.throughput import Throughput
-from pipeline_src.plan.schedule import apply_schedule
+from pipeline_src.optim.schedule import apply_schedule
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ def fit(
             batch: anything with `len`, `device` and `inputs[idx]`, e.g. `data.augment.AugmentedInputs`, or
             `data.feature_cache.CachedRows`, which reads a batch's cache rows when drawn).
         seed: seeds the batch order (a generator of its own, so no global RNG is touched).
-        schedule: `train.schedule` (`plan/schedule.py`), applied per optimizer step; None: constant.
+        schedule: `train.schedule` (`optim/schedule.py`), applied per optimizer step; None: constant.
     Returns:
         The last epoch's mean loss and the wall time (each epoch's loss and images/s are printed).
     """

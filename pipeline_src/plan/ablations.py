@@ -66,3 +66,16 @@ def check_ablations_config(cfg: dict) -> None:
     if not kind_of(cfg["methods"][name]).tangent:
         raise ConfigError(f"config key 'studies.ablations.method': '{name}' has kind '{cfg['methods'][name]['kind']}'; "
                           f"the ablations of TAFT Fig. 2 and Table 12 need a tangent (taft) method")
+
+
+def ablation_targets(cfg: dict, results: str) -> list[str]:
+    """The study's metrics files: one per variant and seed (none when disabled).
+
+    Args:
+        cfg: the validated config.
+        results: the results folder.
+    """
+    if not cfg["studies"]["ablations"]["enabled"]:
+        return []
+    m = ablation_method(cfg)
+    return [f"{results}/metrics/ablation/{m}/{label}/s{s}.parquet" for label in ablation_points(cfg) for s in cfg["seeds"]]

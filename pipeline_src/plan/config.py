@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from pipeline_src.methods.kinds import feature_cache, kind_of, method_errors
+from pipeline_src.optim.schedule import schedule_errors
 from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.dataset_layouts import MANIFEST_SUFFIXES
@@ -24,7 +25,6 @@ from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
 from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
-from pipeline_src.plan.schedule import schedule_errors
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 

@@ -264,3 +264,37 @@ def random_shards(num_shards: int, removed: int, seed: int, request: int) -> lis
     """A reproducible random set of `removed` shards out of `num_shards` (a request hitting them)."""
     rng = np.random.default_rng([seed, request, removed, num_shards])
     return sorted(int(i) for i in rng.choice(num_shards, size=removed, replace=False))
+
+
+def fraction_tag(fraction: float) -> str:
+    """How a forget fraction appears in paths (`f{tag}`): 0.02 -> '0.02'."""
+    return f"{fraction:g}"
+
+
+def unlearning_targets(cfg: dict, results: str) -> list[str]:
+    """Every metrics file of the unlearning study (empty when it is off): per method and seed the
+    paragon (and TAFT App. C.3's non-linear paragon) per fraction and request; per shard count the
+    shard drop, and the retraining per fraction and request.
+
+    Args:
+        cfg: the validated config.
+        results: the results folder.
+    """
+    study = cfg["forget"]["study"]
+    if not study["enabled"]:
+        return []
+    out = []
+    requests = range(study["requests_per_point"])
+    for m in study["methods"]:
+        for s in cfg["seeds"]:
+            for f in study["forget_fractions"]:
+                out += [f"{results}/metrics/unlearn_paragon/{m}/s{s}/f{fraction_tag(f)}_r{j}.parquet" for j in requests]
+                if nonlinear_paragon(cfg, m) is not None:
+                    out += [f"{results}/metrics/unlearn_paragon_nonlinear/{m}/s{s}/f{fraction_tag(f)}_r{j}.parquet"
+                            for j in requests]
+            for n in study["shards"]:
+                out.append(f"{results}/metrics/unlearn_drop/{m}/n{n}_s{s}.parquet")
+                for f in study["forget_fractions"]:
+                    out += [f"{results}/metrics/unlearn_retrain/{m}/n{n}_s{s}/f{fraction_tag(f)}_r{j}.parquet"
+                            for j in requests]
+    return out

@@ -4,8 +4,9 @@ fail at validation time, before any job, naming the offending key.
 DP-SGD budgets (Abadi et al. 2016, "Deep learning with differential privacy") as in the
 TAFT paper's DP study (Liu & Soatto et al. 2024, "Tangent Transformers for Composition,
 Privacy and Removal", §3.4, Table 3). The same budget is planned again, exactly, by
-`pipeline_src.dp.budget.plan_budget` in each training job; this module only imports Opacus
-when the study is enabled.
+`pipeline_src.dp.budget.plan_budget` in each training job (with Opacus). Here the RDP accountant
+is `plan/rdp_accountant.py` (numpy and scipy, checked against Opacus to 1e-9), so building the DAG
+imports no torch; only a study with `privacy.accountant: prv` imports Opacus (and torch) here.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from pathlib import Path
 from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.rdp_accountant import INTEGER_ORDERS, LARGEST_SIGMA_TRIED, epsilon
 
 DP_KINDS = kinds_where("private")
-# Opacus' get_noise_multiplier doubles σ from 20 and gives up past MAX_SIGMA = 1e6, so the
-# largest σ it tries is 20·2^15: the target is feasible iff ε at that σ is within it.
-LARGEST_SIGMA_TRIED = 20.0 * 2 ** 15
+# Opacus' get_noise_multiplier (and rdp_accountant.noise_multiplier) doubles σ from 20 and gives up
+# past 1e6, so the largest σ it tries is LARGEST_SIGMA_TRIED = 20·2^15: the target is feasible iff
+# ε at that σ is within it.
 
 
 def _error(key: str, message: str) -> Exception:
@@ -178,18 +180,21 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
         except ValueError as e:  # a shard left empty
             raise _error(f"privacy.shards[{j}]", str(e)) from None
     sizes = {n: [public[n]] for n in p["shards"]}  # every job plans from the public size
+    here = Path(__file__).parent
     key = {"privacy": p, "sizes": sizes, "opacus": package_version("opacus"),
-           "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+           "code": [hashlib.sha256((here / f).read_bytes()).hexdigest() for f in ("privacy.py", "rdp_accountant.py")]}
     cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes, paper_used) or "feasible")
 
 
 def _least_epsilon(accountant: str, sample_rate: float, steps: int, delta: float) -> tuple[float, str]:
-    """The least ε any σ Opacus tries reaches in `steps` steps (ε at the largest σ), and why it is
-    infinite when the accountant fails there. Seconds per call at such a σ: computed once per plan."""
-    # Opacus directly, not pipeline_src.dp (whose import pulls in timm and the samplers): parse time matters.
-    from opacus.accountants import create_accountant
-
+    """The least ε any σ the planner tries reaches in `steps` steps (ε at the largest σ), and why it
+    is infinite when the accountant fails there. rdp: `plan/rdp_accountant.py` (no torch); prv:
+    Opacus' PRV accountant, which imports torch (no torch-free PRV here)."""
     try:
+        if accountant == "rdp":
+            return epsilon(sigma=LARGEST_SIGMA_TRIED, sample_rate=sample_rate, steps=steps, delta=delta), ""
+        from opacus.accountants import create_accountant
+
         acc = create_accountant(mechanism=accountant)
         acc.history = [(LARGEST_SIGMA_TRIED, sample_rate, steps)]
         return float(acc.get_epsilon(delta=delta)), ""
@@ -198,14 +203,11 @@ def _least_epsilon(accountant: str, sample_rate: float, steps: int, delta: float
 
 
 def _integer_order_epsilon(sample_rate: float, steps: int, delta: float) -> float:
-    """RDP ε at the largest σ over Opacus' integer orders only: an upper bound of `_least_epsilon`
-    (a subset of orders can only raise the minimum), in milliseconds instead of seconds (the
-    fractional orders are the slow ones), so a reachable target needs no exact floor."""
-    from opacus.accountants import RDPAccountant
-
-    acc = RDPAccountant()
-    acc.history = [(LARGEST_SIGMA_TRIED, sample_rate, steps)]
-    return float(acc.get_epsilon(delta=delta, alphas=[a for a in acc.DEFAULT_ALPHAS if float(a).is_integer()]))
+    """RDP ε at the largest σ over the integer orders only: an upper bound of `_least_epsilon`
+    (a subset of orders can only raise the minimum), cheaper than the fractional orders' series,
+    so a reachable target needs no exact floor."""
+    return epsilon(sigma=LARGEST_SIGMA_TRIED, sample_rate=sample_rate, steps=steps, delta=delta,
+                   orders=INTEGER_ORDERS)
 
 
 def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> None:
@@ -234,3 +236,26 @@ def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> No
                              f"{LARGEST_SIGMA_TRIED:g} reaches it with δ = {p['delta']} in {steps} steps at sampling "
                              f"rate {1.0 / spe:.4g} (privacy.shards N = {n}, {p['accountant']} accountant; "
                              f"the least ε reachable is {floor:.3g}){why}")
+
+
+def private_evaluation_targets(cfg: dict, results: str) -> list[str]:
+    """Every metrics file of the privacy study: each DP shard model, and for N > 1 the Δw sum
+    (taft) or the ensemble (other kinds) of the shards. Listed whether or not the study is enabled
+    (the `privacy` target); `all` takes them only when it is.
+
+    Args:
+        cfg: the validated config.
+        results: the results folder.
+    """
+    p = cfg["privacy"]
+    out = []
+    for protocol, m, regime in privacy_jobs(cfg):
+        composed = "soup" if kind_of(cfg["methods"][m]).tangent else "ensemble"
+        for eps in p["epsilons"]:
+            for n in p["shards"]:
+                for s in cfg["seeds"]:
+                    base = f"{results}/metrics/private/{protocol}/{m}/{regime}/eps{epsilon_label(eps)}/n{n}_s{s}"
+                    out += [f"{base}/shard{i}.parquet" for i in range(n)]
+                    if n > 1:
+                        out.append(f"{base}/{composed}.parquet")
+    return out

@@ -19,9 +19,6 @@ MANIFEST_SCHEMA = pa.schema([
     ("sample_id", pa.string()),
     ("shard", pa.int64()),
 ])
-NEIGHBOURING = "add/remove one sample (keyed-hash sharding: one record changes exactly one shard)"
-
-
 def keyed_unit(sample_id: str, key: str) -> float:
     """A uniform number in [0, 1) from a keyed hash of `sample_id` (53 bits, exact in float64)."""
     digest = hashlib.blake2b(sample_id.encode(), key=key.encode(), digest_size=8).digest()

@@ -19,11 +19,11 @@ from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.throughput import Throughput
-from pipeline_src.data.vit_parts import vit_prefix
 from pipeline_src.last.features import extract_features
 from pipeline_src.plan.feature_budget import kept_blocks
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.vit.parts import vit_prefix
 
 BATCH = 128
 

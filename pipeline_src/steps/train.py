@@ -19,7 +19,7 @@ from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import peak_memory_mb
 from pipeline_src.store.model_io import save_model
-from pipeline_src.store.provenance import state_digest
+from pipeline_src.vit.digest import state_digest
 
 PREFIX_BATCH = 256  # images per no-grad prefix batch when training without a cache (fixed: it may round differently)
 

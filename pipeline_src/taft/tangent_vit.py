@@ -36,7 +36,6 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.jvp_block import TangentBlock, dropout_rate
 from pipeline_src.taft.jvp_layers import (
     Tangent,
@@ -46,6 +45,7 @@ from pipeline_src.taft.jvp_layers import (
     primal_grad_enabled,
     tangent_grad,
 )
+from pipeline_src.vit.digest import state_digest
 
 _SUPPORTED_POOLS = ("token", "avg")
 _CLS_RESET_STD = 0.02

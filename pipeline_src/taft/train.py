@@ -24,12 +24,12 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
-from pipeline_src.data.vit_parts import FromPrefix
+from pipeline_src.optim.schedule import apply_schedule, lr_factor
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS, stacked_adamw_
-from pipeline_src.plan.schedule import apply_schedule, lr_factor
 from pipeline_src.taft.jvp_layers import primal_grad_mode
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
 from pipeline_src.taft.primal_gradient import primal_gradient_backward
+from pipeline_src.vit.parts import FromPrefix
 
 
 def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
@@ -89,7 +89,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
         radius: project Δw onto the ball of this radius after each step.
         seed: seed of the torch.Generator that shuffles each epoch.
         progress: called as progress(epoch, mean_loss) after each epoch.
-        schedule: `train.schedule` (`plan/schedule.py`), per optimizer step; None: constant lr.
+        schedule: `train.schedule` (`optim/schedule.py`), per optimizer step; None: constant lr.
 
     Returns:
         {"delta_state_dict", "loss_history" (per-epoch sample-weighted mean), "steps", "epochs", "n_samples"}.

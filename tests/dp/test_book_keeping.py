@@ -8,7 +8,6 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.dp import (
     REGIMES,
     AdditiveDelta,
@@ -20,6 +19,7 @@ from pipeline_src.dp import (
 )
 from pipeline_src.methods.private import per_example_loss, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
+from pipeline_src.vit.parts import FromPrefix
 from tests.conftest import tiny_vit
 from tests.dp.test_reference import ce, microbatch_grads
 

@@ -128,9 +128,9 @@ def test_a_pin_outside_pyprojects_range_fails(tmp_path):
 def test_a_requirement_without_a_pin_fails(tmp_path):
     # pyproject gains a dependency that nobody re-locked
     pyproject = tmp_path / "pyproject.toml"
-    pyproject.write_text(PYPROJECT.read_text().replace('test = ["pytest>=8"', 'test = ["pytest>=8", "black>=24"', 1))
+    pyproject.write_text(PYPROJECT.read_text().replace('test = ["pytest>=8"', 'test = ["pytest>=8", "hypothesis>=6"', 1))
     problems = check_lock(LOCK, pyproject)
-    assert len(problems) == 1 and "optional-dependencies.test requires 'black>=24'" in problems[0]
+    assert len(problems) == 1 and "optional-dependencies.test requires 'hypothesis>=6'" in problems[0]
     assert "make lock" in problems[0]
 
 

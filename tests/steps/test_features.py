@@ -10,10 +10,10 @@ import torch
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.images import load_images, to_model_input
 from pipeline_src.data.sample_store import SampleStore
-from pipeline_src.data.vit_parts import vit_prefix
 from pipeline_src.last.features import extract_features
 from pipeline_src.plan.samples import list_samples
 from pipeline_src.steps.features import load_rows
+from pipeline_src.vit.parts import vit_prefix
 from tests.steps.helpers import folder_config, run_features, run_prepare, write_backbone
 
 

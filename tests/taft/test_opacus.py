@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
-from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.taft import TangentViT
 from pipeline_src.taft.opacus_support import register_opacus_grad_samplers
+from pipeline_src.vit.parts import FromPrefix
 
 pytestmark = pytest.mark.usefixtures("float64_default")  # float64 for reference comparisons
 torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on the shared 2-core box

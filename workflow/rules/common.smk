@@ -1,4 +1,5 @@
-# Validation, paths and input functions shared by all rules.
+# Validation, paths, and every function the rules use (input, params and signature functions,
+# per study below): the rule files hold rules only (`snakemake --lint`).
 import json
 import os
 import sys
@@ -7,16 +8,26 @@ sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without insta
 # Jobs, the fork server and Slurm jobs inherit this: they run this workflow's package, never
 # another checkout's that an editable install of one shared virtualenv points at.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir])
+    [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir]
+)
+
+
+envvars:
+    "PYTHONPATH",  # declared, so remote executors (Slurm) pass it on to jobs too
+
 
 from pipeline_src.plan.config import ConfigError, validate_config
-from pipeline_src.methods.kinds import feature_cache
+from pipeline_src.methods.kinds import feature_cache, kind_of
 from pipeline_src.plan.feature_budget import side_everys
 from pipeline_src.plan.job_settings import training_signature as training_signature_json
 from pipeline_src.plan.environment import warn_on_lock_drift
+from pipeline_src.plan.forget import nonlinear_paragon
+from pipeline_src.plan.last_grid import grid_points
+from pipeline_src.plan.privacy import dp_method_config, dp_settings
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
+
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
 
 try:
@@ -27,6 +38,7 @@ config.clear()
 config.update(_validated)
 if workflow.is_main_process:  # the estimated feature cache sizes (refused over features.max_cache_gb above)
     from pipeline_src.plan.config import check_cache_budget
+
     for _line in check_cache_budget(config):
         logger.info(_line)
 
@@ -67,7 +79,7 @@ def train_inputs(w):
 
 
 def shard_manifests(shards, seed, shard=None):
-    """The shard manifests a training job reads (rule forget_manifest, workflow/rules/forget.smk):
+    """The shard manifests a training job reads (written by `forget_manifest` in forget.smk):
     each shard's ids minus its forgotten ones. A forget request changes only the affected shards'
     manifests, so only their jobs and dependants rerun. One shard's path, or all N for shard=None."""
     base = f"{R}/split/n{shards}_s{seed}"
@@ -127,8 +139,16 @@ def upstream_signature():
 
     t = samples_table(config).to_pydict()
     source_ids = [i for i, task in zip(t["sample_id"], t["task"]) if task == "source"]
-    return json.dumps({"dataset": config["dataset"], "backbone": config["backbone"], "features": config["features"],
-                       "seed": config["seed"], "pretrain_data": membership_digest(source_ids)}, sort_keys=True)
+    return json.dumps(
+        {
+            "dataset": config["dataset"],
+            "backbone": config["backbone"],
+            "features": config["features"],
+            "seed": config["seed"],
+            "pretrain_data": membership_digest(source_ids),
+        },
+        sort_keys=True,
+    )
 
 
 def dataset_listing_digest():
@@ -155,3 +175,139 @@ def evaluation_targets():
                 if n > 1:
                     out += [f"{base}/{c}.parquet" for c in config["compositions"]]
     return out
+
+
+# ------------------------------------------------------------ the ablation study (ablations.smk)
+def ablation_inputs(w):
+    inputs = {k: v for k, v in train_inputs_of(w.method, 1, w.seed, 0).items()}
+    return {**inputs, "signature": signature_path(f"train-{w.method}")}
+
+
+# ------------------------------------------------------------ the unlearning study (forget.smk)
+def _study_cache_input(w, method_cfg=None):
+    return feature_inputs(w.method, method_cfg)
+
+
+def unlearn_drop_inputs(w):
+    inputs = {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "models": shard_models(w),
+    }
+    if kind_of(config["methods"][w.method]).tangent:
+        inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
+    return inputs
+
+
+def unlearn_retrain_inputs(w):
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "models": shard_models(w),
+        **_study_cache_input(w),
+    }
+
+
+def unlearn_paragon_inputs(w):
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors",
+        **_study_cache_input(w),
+    }
+
+
+def unlearn_paragon_nonlinear_inputs(w):
+    """As the paragon's, with the features of the non-linear model it trains (TAFT App. C.3)."""
+    _, method = nonlinear_paragon(config, w.method)
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors",
+        **_study_cache_input(w, method),
+    }
+
+
+def nonlinear_paragon_signature(w):
+    name, method = nonlinear_paragon(config, w.method)
+    settings = {k: method.get(k, v) for k, v in config["train"].items()}
+    return json.dumps(
+        {"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True
+    )
+
+
+# ------------------------------------------------------------ the fusion study (fusion.smk)
+def fusion_common_inputs(w):
+    """Samples, backbone and (when cached) the method's frozen-prefix features."""
+    return {
+        "samples": f"{R}/prepare/samples.parquet",
+        "backbone": f"{R}/pretrain/model.safetensors",
+        **feature_inputs(w.method),
+    }
+
+
+def fusion_match_inputs(w):
+    if w.init == "shared":
+        models = shard_models(w)
+    else:
+        models = [
+            f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))
+        ]
+    return {**fusion_common_inputs(w), "models": models}
+
+
+def fusion_match_params(w):
+    fus = config["fusion"]
+    return json.dumps({"blocks": fus["blocks"], "match_ffn": fus["match_ffn"]}, sort_keys=True)
+
+
+def fusion_settings(w):
+    """The settings of one fusion method (so changing one method's setting reruns only its jobs)."""
+    keys = {"soup": [], "fisher": ["fisher_samples"], "regmean": ["regmean_alpha"]}[w.fusion]
+    return json.dumps({k: config["fusion"][k] for k in keys}, sort_keys=True)
+
+
+# ------------------------------------------------------------ the LAST grid study (last_grid.smk)
+def last_grid_inputs(w):
+    """What the `train` step reads for shard 0 of the base method (samples, backbone, manifest, features)."""
+    return train_inputs_of(w.method, w.shards, w.seed, 0)
+
+
+def last_grid_signature(w):
+    """The base method's training signature and the grid points: changing either reruns the job."""
+    return json.dumps({"base": json.loads(signature_of(w.method)), "points": grid_points(config)}, sort_keys=True)
+
+
+# ------------------------------------------------------------ the privacy study (privacy.smk)
+PRIV = config["privacy"]
+PRIVATE = f"{R}/private/{{protocol}}/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
+PRIVATE_METRICS = f"{R}/metrics/private/{{protocol}}/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
+PRIVATE_LOG = "{protocol}/{method}/{regime}/eps{eps}/n{shards}_s{seed}"
+
+
+def private_signature(w):
+    return private_signature_of(w.protocol, w.method)
+
+
+def private_signature_of(protocol, method_name):
+    """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
+    method = dp_method_config(config["methods"][method_name], protocol, PRIV["jvp_only"])
+    dp = dp_settings(config, protocol)
+    return json.dumps({"method": method, "dp": dp, "head_seed": config["seed"]}, sort_keys=True)
+
+
+def private_shard_models(w):
+    base = PRIVATE.format(**dict(w.items()))
+    return [f"{base}/shard{i}.safetensors" for i in range(int(w.shards))]
+
+
+def private_evaluation_inputs(w):
+    inputs = {k: v for k, v in train_inputs_of(w.method, w.shards, w.seed).items() if k != "manifest"}
+    base = PRIVATE.format(**dict(w.items()))
+    if w.dp_model == "soup":
+        inputs["models"] = [f"{base}/soup.safetensors"]
+    elif w.dp_model == "ensemble":
+        inputs["models"] = private_shard_models(w)
+    else:
+        inputs["models"] = [f"{base}/{w.dp_model}.safetensors"]
+    return inputs

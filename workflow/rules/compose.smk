@@ -8,5 +8,7 @@ rule compose:
         f"{R}/logs/compose/{{method}}/n{{shards}}_s{{seed}}/soup.log",
     benchmark:
         f"{R}/logs/compose/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"

@@ -2,14 +2,16 @@ rule prepare:
     output:
         samples=f"{R}/prepare/samples.parquet",
         images=f"{R}/prepare/images.npy",
-    params:
-        signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
-        listing=dataset_listing_digest(),
     log:
         f"{R}/logs/prepare/prepare.log",
     benchmark:
         f"{R}/logs/prepare/prepare.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: 2  # decoding threads
+    params:
+        signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
+        listing=dataset_listing_digest(),
     script:
         "../scripts/step.py"
 
@@ -21,10 +23,12 @@ localrules:
 rule signature:
     output:
         signature=signature_path("{name}"),
-    params:
-        value=lambda w: signature_value(w.name),
     log:
         f"{R}/logs/signature/{{name}}.log",
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        value=lambda w: signature_value(w.name),
     script:
         "../scripts/step.py"
 
@@ -37,15 +41,17 @@ rule pretrain:
         model=f"{R}/pretrain/model.safetensors",
         record=f"{R}/pretrain/backbone.json",
         metrics=f"{R}/metrics/pretrain/backbone.parquet",
-    params:
-        signature=json.dumps({"backbone": config["backbone"], "seed": config["seed"]}, sort_keys=True),
     log:
         f"{R}/logs/pretrain/pretrain.log",
     benchmark:
         f"{R}/logs/pretrain/pretrain.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: 2
     resources:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
+    params:
+        signature=json.dumps({"backbone": config["backbone"], "seed": config["seed"]}, sort_keys=True),
     script:
         "../scripts/step.py"

@@ -8,13 +8,15 @@ rule evaluate_shard:
         models=[rules.train.output.model],
     output:
         metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
-    params:
-        model="shard",
-        shard_id=lambda w: int(w.shard),
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        model="shard",
+        shard_id=lambda w: int(w.shard),
     script:
         "../scripts/step.py"
 
@@ -26,12 +28,14 @@ rule evaluate_soup:
         models=[rules.compose.output.model],
     output:
         metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.parquet",
-    params:
-        model="soup",
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.log",
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        model="soup",
     script:
         "../scripts/step.py"
 
@@ -43,11 +47,13 @@ rule evaluate_ensemble:
         models=shard_models,
     output:
         metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.parquet",
-    params:
-        model="ensemble",
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.log",
     benchmark:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        model="ensemble",
     script:
         "../scripts/step.py"

@@ -6,8 +6,7 @@
 # listing). A forget request, or new or removed data, therefore changes the params of the
 # affected shards' manifest jobs only, and Snakemake reruns those jobs and their dependants
 # (training, composition, evaluation, report) and nothing else.
-from pipeline_src.methods.kinds import kind_of
-from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, nonlinear_paragon, shard_members
+from pipeline_src.plan.forget import check_forget_section, forgotten_in_shard, shard_members, unlearning_targets
 
 try:  # the request as a whole, before any job runs (a no-op repeat if config.py already ran it)
     check_forget_section(config)
@@ -25,71 +24,35 @@ localrules:
 rule forget_manifest:
     output:  # no input files: the members are params, so only shards whose members change rerun
         manifest=f"{R}/split/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
+    log:
+        f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
+    conda:
+        "../envs/pipeline.yaml"
     params:
         members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
         forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
-    log:
-        f"{R}/logs/forget_manifest/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     script:
         "../scripts/step.py"
 
 
 # ---------------------------------------------------------------- the study
-def _fraction_tag(f):
-    return f"{f:g}"
-
-
-def _study_cache_input(w, method_cfg=None):
-    return feature_inputs(w.method, method_cfg)
-
-
-def unlearn_drop_inputs(w):
-    inputs = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-              "models": shard_models(w)}
-    if kind_of(config["methods"][w.method]).tangent:
-        inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
-    return inputs
-
-
-def unlearn_retrain_inputs(w):
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "models": shard_models(w), **_study_cache_input(w)}
-
-
-def unlearn_paragon_inputs(w):
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w)}
-
-
-def unlearn_paragon_nonlinear_inputs(w):
-    """As the paragon's, with the features of the non-linear model it trains (TAFT App. C.3)."""
-    _, method = nonlinear_paragon(config, w.method)
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors", **_study_cache_input(w, method)}
-
-
-def nonlinear_paragon_signature(w):
-    name, method = nonlinear_paragon(config, w.method)
-    settings = {k: method.get(k, v) for k, v in config["train"].items()}
-    return json.dumps({"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]},
-                      sort_keys=True)
-
-
 rule unlearn_drop:
     input:
         unpack(unlearn_drop_inputs),
     output:
         metrics=f"{R}/metrics/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.parquet",
         models=directory(f"{R}/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}"),
-    params:
-        removed_shards=STUDY["removed_shards"],
-        requests=STUDY["requests_per_point"],
     log:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.log",
     benchmark:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
+    params:
+        removed_shards=STUDY["removed_shards"],
+        requests=STUDY["requests_per_point"],
     script:
         "../scripts/step.py"
 
@@ -100,19 +63,21 @@ rule unlearn_retrain:
     output:
         metrics=f"{R}/metrics/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         models=directory(f"{R}/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}"),
-    params:
-        signature=training_signature,
-    wildcard_constraints:
-        fraction=r"[0-9.e-]+",
-        request=r"\d+",
     log:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.log",
     benchmark:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -124,19 +89,21 @@ rule unlearn_paragon:
         metrics=f"{R}/metrics/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         model=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
         record=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
-    params:
-        signature=training_signature,
-    wildcard_constraints:
-        fraction=r"[0-9.e-]+",
-        request=r"\d+",
     log:
         f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
     benchmark:
         f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -148,48 +115,30 @@ rule unlearn_paragon_nonlinear:
         metrics=f"{R}/metrics/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         model=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
         record=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
-    params:
-        signature=nonlinear_paragon_signature,
-        nonlinear=True,
-    wildcard_constraints:
-        fraction=r"[0-9.e-]+",
-        request=r"\d+",
     log:
         f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
     benchmark:
         f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
+    wildcard_constraints:
+        fraction=r"[0-9.e-]+",
+        request=r"\d+",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=nonlinear_paragon_signature,
+        nonlinear=True,
     script:
         "../scripts/step.py"
 
 
-def unlearning_targets():
-    """Every metrics file of the unlearning study (empty when it is off)."""
-    if not STUDY["enabled"]:
-        return []
-    out = []
-    requests = range(STUDY["requests_per_point"])
-    for m in STUDY["methods"]:
-        for s in SEEDS:
-            for f in STUDY["forget_fractions"]:
-                out += [f"{R}/metrics/unlearn_paragon/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet" for j in requests]
-                if nonlinear_paragon(config, m) is not None:  # TAFT App. C.3: retrain the non-linear model
-                    out += [f"{R}/metrics/unlearn_paragon_nonlinear/{m}/s{s}/f{_fraction_tag(f)}_r{j}.parquet"
-                            for j in requests]
-            for n in STUDY["shards"]:
-                out.append(f"{R}/metrics/unlearn_drop/{m}/n{n}_s{s}.parquet")
-                for f in STUDY["forget_fractions"]:
-                    out += [f"{R}/metrics/unlearn_retrain/{m}/n{n}_s{s}/f{_fraction_tag(f)}_r{j}.parquet"
-                            for j in requests]
-    return out
-
-
-STUDY_METRICS.extend(unlearning_targets())
+UNLEARNING_METRICS = unlearning_targets(config, R)
+STUDY_METRICS.extend(UNLEARNING_METRICS)
 
 
 rule unlearning:
     input:
-        unlearning_targets(),
+        UNLEARNING_METRICS,

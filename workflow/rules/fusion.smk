@@ -14,47 +14,24 @@ FUSION_WILDCARDS = dict(init="|".join(INITS), matching="|".join(MATCHINGS), fusi
 FUSION_RUN = "{init}/{method}/n{shards}_s{seed}"
 
 
-def fusion_common_inputs(w):
-    """Samples, backbone and (when cached) the method's frozen-prefix features."""
-    return {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors",
-            **feature_inputs(w.method)}
-
-
-def fusion_match_inputs(w):
-    if w.init == "shared":
-        models = shard_models(w)
-    else:
-        models = [f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
-    return {**fusion_common_inputs(w), "models": models}
-
-
-def fusion_match_params(w):
-    fus = config["fusion"]
-    return json.dumps({"blocks": fus["blocks"], "match_ffn": fus["match_ffn"]}, sort_keys=True)
-
-
-def fusion_settings(w):
-    """The settings of one fusion method (so changing one method's setting reruns only its jobs)."""
-    keys = {"soup": [], "fisher": ["fisher_samples"], "regmean": ["regmean_alpha"]}[w.fusion]
-    return json.dumps({k: config["fusion"][k] for k in keys}, sort_keys=True)
-
-
 rule fusion_train:
     input:
         unpack(train_inputs),
     output:
         model=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
-    params:
-        signature=training_signature,
     log:
         f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -65,17 +42,19 @@ rule fusion_match:
     output:
         models=directory(f"{R}/fusion_match/{FUSION_RUN}/{{matching}}"),
         metrics=f"{R}/metrics/fusion_match/{FUSION_RUN}/{{matching}}.parquet",
-    wildcard_constraints:
-        **FUSION_WILDCARDS,
-    params:
-        settings=fusion_match_params,
     log:
         f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.log",
     benchmark:
         f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.bench.tsv"
+    wildcard_constraints:
+        **FUSION_WILDCARDS,
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        settings=fusion_match_params,
     script:
         "../scripts/step.py"
 
@@ -88,17 +67,19 @@ rule fuse:
         model=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.safetensors",
         record=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.json",
         metrics=f"{R}/metrics/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.parquet",
-    wildcard_constraints:
-        **FUSION_WILDCARDS,
-    params:
-        settings=fusion_settings,
     log:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.log",
     benchmark:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.bench.tsv"
+    wildcard_constraints:
+        **FUSION_WILDCARDS,
+    conda:
+        "../envs/pipeline.yaml"
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        settings=fusion_settings,
     script:
         "../scripts/step.py"
 

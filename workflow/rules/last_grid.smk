@@ -3,17 +3,7 @@
 # `last` method) at once on shard 0's cached 'blocks' features and evaluates each on val and test.
 # Its metrics files are appended to STUDY_METRICS, so `report` (and `all`) build them when
 # `last_grid.enabled` is true. Checked at validation (pipeline_src/plan/config.py).
-from pipeline_src.plan.last_grid import grid_points, last_grid_targets
-
-
-def last_grid_inputs(w):
-    """What the `train` step reads for shard 0 of the base method (samples, backbone, manifest, features)."""
-    return train_inputs_of(w.method, w.shards, w.seed, 0)
-
-
-def last_grid_signature(w):
-    """The base method's training signature and the grid points: changing either reruns the job."""
-    return json.dumps({"base": json.loads(signature_of(w.method)), "points": grid_points(config)}, sort_keys=True)
+from pipeline_src.plan.last_grid import last_grid_targets
 
 
 rule last_grid:
@@ -21,16 +11,18 @@ rule last_grid:
         unpack(last_grid_inputs),
     output:
         metrics=f"{R}/metrics/last_grid/{{method}}/n{{shards}}_s{{seed}}.parquet",
-    params:
-        signature=last_grid_signature,
     log:
         f"{R}/logs/last_grid/{{method}}/n{{shards}}_s{{seed}}.log",
     benchmark:
         f"{R}/logs/last_grid/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=last_grid_signature,
     script:
         "../scripts/step.py"
 

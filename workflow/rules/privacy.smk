@@ -1,15 +1,10 @@
 # The privacy study (TAFT paper §3.4, Table 3): DP training per protocol x method x regime x
 # epsilon x shard count x shard x seed from the cached features, DP taft shards composed by their
 # Δw sum, every DP model evaluated. Protocol ours: Poisson DP-SGD; paper: the TAFT paper's
-# full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS (common.smk) when privacy.enabled,
-# so `report` (and `all`) build them; `snakemake privacy` builds them alone.
-from pipeline_src.methods.kinds import kind_of
-from pipeline_src.plan.privacy import PROTOCOLS, dp_method_config, dp_settings, epsilon_label, privacy_jobs
-
-PRIV = config["privacy"]
-PRIVATE = f"{R}/private/{{protocol}}/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
-PRIVATE_METRICS = f"{R}/metrics/private/{{protocol}}/{{method}}/{{regime}}/eps{{eps}}/n{{shards}}_s{{seed}}"
-PRIVATE_LOG = "{protocol}/{method}/{regime}/eps{eps}/n{shards}_s{seed}"
+# full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS
+# (common.smk) when privacy.enabled, so `report` (and `all`) build them; `snakemake privacy` builds
+# them alone. The input, params and signature functions are in common.smk.
+from pipeline_src.plan.privacy import PROTOCOLS, private_evaluation_targets
 
 
 wildcard_constraints:
@@ -19,57 +14,14 @@ wildcard_constraints:
     dp_model=r"shard\d+|soup|ensemble",
 
 
-def private_signature(w):
-    return private_signature_of(w.protocol, w.method)
-
-
-def private_signature_of(protocol, method_name):
-    """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
-    method = dp_method_config(config["methods"][method_name], protocol, PRIV["jvp_only"])
-    dp = dp_settings(config, protocol)
-    return json.dumps({"method": method, "dp": dp, "head_seed": config["seed"]}, sort_keys=True)
-
-
-def private_shard_models(w):
-    base = PRIVATE.format(**dict(w.items()))
-    return [f"{base}/shard{i}.safetensors" for i in range(int(w.shards))]
-
-
-def private_evaluation_inputs(w):
-    inputs = {k: v for k, v in train_inputs_of(w.method, w.shards, w.seed).items() if k != "manifest"}
-    base = PRIVATE.format(**dict(w.items()))
-    if w.dp_model == "soup":
-        inputs["models"] = [f"{base}/soup.safetensors"]
-    elif w.dp_model == "ensemble":
-        inputs["models"] = private_shard_models(w)
-    else:
-        inputs["models"] = [f"{base}/{w.dp_model}.safetensors"]
-    return inputs
-
-
-def private_evaluation_targets():
-    """Every metrics file of the study: each DP shard model, and for N > 1 the Δw sum (taft)
-    or the ensemble (other kinds) of the shards."""
-    out = []
-    for protocol, m, regime in privacy_jobs(config):
-        composed = "soup" if kind_of(config["methods"][m]).tangent else "ensemble"
-        for eps in PRIV["epsilons"]:
-            for n in PRIV["shards"]:
-                for s in SEEDS:
-                    base = f"{R}/metrics/private/{protocol}/{m}/{regime}/eps{epsilon_label(eps)}/n{n}_s{s}"
-                    out += [f"{base}/shard{i}.parquet" for i in range(n)]
-                    if n > 1:
-                        out.append(f"{base}/{composed}.parquet")
-    return out
-
-
-if PRIV["enabled"]:
-    STUDY_METRICS.extend(private_evaluation_targets())
+PRIVATE_METRICS_ALL = private_evaluation_targets(config, R)
+if config["privacy"]["enabled"]:
+    STUDY_METRICS.extend(PRIVATE_METRICS_ALL)
 
 
 rule privacy:
     input:
-        private_evaluation_targets(),
+        PRIVATE_METRICS_ALL,
 
 
 rule train_private:
@@ -78,16 +30,18 @@ rule train_private:
     output:
         model=f"{PRIVATE}/shard{{shard}}.safetensors",
         record=f"{PRIVATE}/shard{{shard}}.json",
-    params:
-        signature=private_signature,
     log:
         f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=private_signature,
     script:
         "../scripts/step.py"
 
@@ -102,6 +56,8 @@ rule compose_private:
         f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.log",
     benchmark:
         f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
     script:
         "../scripts/step.py"
 
@@ -111,12 +67,14 @@ rule evaluate_private:
         unpack(private_evaluation_inputs),
     output:
         metrics=f"{PRIVATE_METRICS}/{{dp_model}}.parquet",
-    params:
-        model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
-        shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
     log:
         f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.log",
     benchmark:
         f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
+        shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
     script:
         "../scripts/step.py"

@@ -8,11 +8,17 @@ rule report:
         benchmarks=sorted(glob.glob(f"{R}/benchmarks/**/*.parquet", recursive=True)),
     output:
         # Every table (csv) and plot (png) the study supports goes into `snakemake --report`.
-        reports=report(directory(f"{R}/report"), patterns=["{name}.png", "{name}.csv"],
-                       category="Study reports", caption="../report/reports.rst"),
-    params:
-        results_dir=R,
+        reports=report(
+            directory(f"{R}/report"),
+            patterns=["{name}.png", "{name}.csv"],
+            category="Study reports",
+            caption="../report/reports.rst",
+        ),
     log:
         f"{R}/logs/report/report.log",
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        results_dir=lambda w, output: os.path.dirname(output.reports),  # results/report -> results
     script:
         "../scripts/step.py"

@@ -5,41 +5,45 @@ rule features:
     output:
         features=f"{R}/features/{{cache}}/features.npy",
         meta=f"{R}/features/{{cache}}/features.json",
+    log:
+        f"{R}/logs/features/{{cache}}.log",
+    benchmark:
+        f"{R}/logs/features/{{cache}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    threads: 2
+    resources:
+        mem_mb=mem_per_attempt(4000),
+        gpu=RES["gpu"],
     params:
         # blocks cache: the LAST spacings g whose block outputs it keeps; dtype: storage dtype
         everys=lambda w: side_everys(config) if w.cache == "blocks" else None,
         dtype=config["features"]["dtype"],
         precision=config["train"]["precision"],  # bfloat16 autocast on CUDA changes the cached values
-    log:
-        f"{R}/logs/features/{{cache}}.log",
-    benchmark:
-        f"{R}/logs/features/{{cache}}.bench.tsv"
-    threads: 2
-    resources:
-        mem_mb=mem_per_attempt(4000),
-        gpu=RES["gpu"],
     script:
         "../scripts/step.py"
 
 
 rule train:
-    wildcard_constraints:
-        method="|".join(m for m in METHODS if m not in VECTORIZED_METHODS) or "(?!)",
     input:
         unpack(lambda w: shard_job_inputs(w, f"train-{w.method}")),
     output:
         model=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
-    params:
-        signature=training_signature,
     log:
         f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
     benchmark:
         f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+    wildcard_constraints:
+        method="|".join(m for m in METHODS if m not in VECTORIZED_METHODS) or "(?!)",
+    conda:
+        "../envs/pipeline.yaml"
     threads: RES["train_threads"]
     resources:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
+    params:
+        signature=training_signature,
     script:
         "../scripts/step.py"
 
@@ -57,17 +61,19 @@ for _method in VECTORIZED_METHODS:
             output:
                 models=[f"{R}/train/{_method}/n{_n}_s{{seed}}/shard{i}.safetensors" for i in range(_n)],
                 records=[f"{R}/train/{_method}/n{_n}_s{{seed}}/shard{i}.json" for i in range(_n)],
-            params:
-                signature=lambda w, m=_method: signature_of(m),
-                method=_method,
-                shards=_n,
             log:
                 f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.log",
             benchmark:
                 f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.bench.tsv"
+            conda:
+                "../envs/pipeline.yaml"
             threads: RES["train_threads"]
             resources:
                 mem_mb=mem_per_attempt(RES["train_mem_mb"]),
                 gpu=RES["gpu"],
+            params:
+                signature=lambda w, m=_method: signature_of(m),
+                method=_method,
+                shards=_n,
             script:
                 "../scripts/step.py"

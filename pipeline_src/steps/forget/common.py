@@ -28,8 +28,8 @@ from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import PREFIX_BATCH
 from pipeline_src.store.metrics import metric_rows
-from pipeline_src.store.provenance import state_digest
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
+from pipeline_src.vit.digest import state_digest
 
 
 @dataclass

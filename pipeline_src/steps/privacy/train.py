@@ -16,7 +16,6 @@ import time
 
 from pipeline_src.data.feature_cache import CachedRows
 from pipeline_src.data.sample_store import StoredImages
-from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
@@ -26,7 +25,8 @@ from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import load_job
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.private_provenance import results_root_of, store_members
-from pipeline_src.store.provenance import state_digest
+from pipeline_src.vit.digest import state_digest
+from pipeline_src.vit.parts import FromPrefix
 
 
 def target_epsilon(cfg: dict, label: str) -> float:

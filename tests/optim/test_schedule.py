@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline_src.plan.schedule import lr_factor, schedule_errors
+from pipeline_src.optim.schedule import lr_factor, schedule_errors
 
 
 def _torch_lrs(make, steps: int, step_every: int = 1, lr: float = 0.5) -> list[float]:

@@ -1,6 +1,7 @@
 """Learning-rate schedules (`train.schedule`): the factor multiplying a loop's base learning rate
-at each optimizer step. Pure arithmetic, no torch, so every loop (the shared `fit`, TAFT's and
-LAST's own and vectorized loops) applies the same function, and the config checks run at parse time.
+at each optimizer step. Pure arithmetic, no torch (a leaf module of the `optim` library), so every
+loop (the shared `fit`, TAFT's and LAST's own and vectorized loops) applies the same function, and
+the config checks (`schedule_errors`, called by `plan/config.py`) run at parse time.
 
 - constant: 1.
 - step: factor^(number of milestones ≤ the current epoch), milestones in epochs, as
@@ -18,16 +19,11 @@ SCHEDULES = ("constant", "step", "cosine")
 DEFAULT = {"name": "constant", "milestones": [], "factor": 0.1, "warmup_epochs": 0, "min_factor": 0.0}
 
 
-def schedule_of(settings: dict) -> dict:
-    """The schedule of a loop's settings (`train_settings`), defaults filled in; constant when absent."""
-    return {**DEFAULT, **(settings.get("schedule") or {})}
-
-
 def lr_factor(schedule: dict, step: int, steps_per_epoch: int, total_steps: int) -> float:
     """The factor of the base learning rate for optimizer step `step` (0-based).
 
     Args:
-        schedule: `train.schedule` (see `schedule_of`).
+        schedule: `train.schedule` (missing keys take `DEFAULT`).
         step: the step about to be taken.
         steps_per_epoch: optimizer steps per epoch (≥ 1).
         total_steps: steps of the whole run.
