@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline_src.methods.kinds import feature_cache, kind_of
+from pipeline_src.methods.kinds import LAST_DEFAULTS, feature_cache, kind_of
 
 BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # timm ViT size names -> (width, depth)
@@ -38,7 +38,8 @@ def side_everys(cfg: dict) -> list[int]:
     """Every spacing g that a LAST configuration of the study reads (methods and the LAST grid)."""
     from pipeline_src.plan.last_grid import grid_method, grid_points
 
-    everys = {m.get("every", 1) for m in cfg["methods"].values() if kind_of(m).side}
+    # the method's own default g (LAST_DEFAULTS): a cache built for g = 1 would keep blocks no method reads
+    everys = {m.get("every", LAST_DEFAULTS["every"]) for m in cfg["methods"].values() if kind_of(m).side}
     if cfg.get("last_grid", {}).get("enabled") and grid_method(cfg) is not None:
         everys |= {p["every"] for p in grid_points(cfg)}
     return sorted(everys)

@@ -31,6 +31,14 @@ def test_unrecognised_names_are_unknown():
     assert timm_shape("resnet50") is None
 
 
+def test_a_last_method_without_every_reads_lasts_default_spacing():
+    cfg = base_b16_cfg({})
+    cfg["methods"]["last"].pop("every")
+    cfg["last_grid"]["enabled"] = False
+    assert side_everys(cfg) == [2]  # LAST_DEFAULTS' g = 2, as the method builds it: 7 blocks of 13
+    assert kept_blocks(12, side_everys(cfg)) == [0, 2, 4, 6, 8, 10, 12]
+
+
 def test_kept_blocks_are_what_last_reads():
     assert kept_blocks(12, [1]) == list(range(13))
     assert kept_blocks(12, [4]) == [0, 4, 8, 12]

@@ -81,3 +81,24 @@ def test_half_precision_caches_round_each_value_once(prepared, dtype, tol):
     cast = torch.float16 if dtype == "float16" else torch.bfloat16
     assert torch.equal(got, old.to(cast).float())
     assert ((got - old).abs() <= tol * old.abs()).all()  # relative rounding: 2^-11 (fp16), 2^-8 (bf16)
+
+
+def test_blocks_cache_runs_the_backbone_once_per_batch(prepared, monkeypatch):
+    from pipeline_src.last import features as last_features
+    from pipeline_src.steps import features as step
+
+    cfg, results = prepared
+    calls = []
+    real = last_features.extract_features
+    monkeypatch.setattr(last_features, "extract_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(step, "BATCH", 5)  # 18 images: 4 batches
+    path = run_features(cfg, results, "blocks", everys=[1])
+    assert len(calls) == 4  # one backbone pass per batch, not one per kept block (5 here)
+    old = old_features(cfg, results, lambda b: lambda x: torch.stack(extract_features(b, x, every=1), dim=1))
+    assert torch.equal(load_rows(path, list(range(18))), old)
+
+
+def test_the_blocks_cache_defaults_to_lasts_own_spacing(prepared):
+    cfg, results = prepared
+    path = run_features(cfg, results, "blocks", everys=None)  # no LAST setting read: LAST's default g = 2
+    assert np.load(path, mmap_mode="r").shape[1] == 3
