@@ -60,23 +60,36 @@ def study_caches(cfg: dict) -> list[str]:
     return sorted({c for m in cfg["methods"].values() if (c := feature_cache(m)) is not None})
 
 
-def timm_shape(name: str) -> BackboneShape | None:
+def timm_patch_size(name: str) -> int | None:
+    """The patch size a timm ViT name states (`patch<P>`), or None."""
+    patch = re.search(r"patch(\d+)", name.split(".")[0])
+    return int(patch.group(1)) if patch else None
+
+
+def timm_shape(name: str, img_size: int | None = None) -> BackboneShape | None:
     """Tokens, width and depth of a common timm ViT from its name alone (no timm import), or None.
 
     Reads `patch<P>`, the image size (`_<img>` after the patch, as in vit_base_patch16_224),
     the size word (tiny/small/base/large/huge), registers (`reg<R>`) and DeiT's distillation token.
+
+    Args:
+        name: the timm model name.
+        img_size: the image size it is built at (the study's; timm resamples the position
+            embedding), or None for the size in the name.
     """
     base = name.split(".")[0]
     size = next((s for s in VIT_SIZES if f"_{s}_" in f"_{base}_"), None)
-    patch = re.search(r"patch(\d+)", base)
+    patch = timm_patch_size(base)
     img = re.search(r"patch\d+_(?:[a-z0-9]+_)*?(\d{3,})(?:_|$)", base)
-    if size is None or patch is None or img is None:
+    if img_size is None and img is not None:
+        img_size = int(img.group(1))
+    if size is None or patch is None or img_size is None:
         return None
     width, depth = VIT_SIZES[size]
     prefix = 1 + (1 if "distilled" in base else 0)
     reg = re.search(r"reg(\d+)", base)
     prefix += int(reg.group(1)) if reg else 0
-    return BackboneShape((int(img.group(1)) // int(patch.group(1))) ** 2 + prefix, width, depth)
+    return BackboneShape((img_size // patch) ** 2 + prefix, width, depth)
 
 
 def backbone_shape(cfg: dict) -> BackboneShape | None:
@@ -86,7 +99,7 @@ def backbone_shape(cfg: dict) -> BackboneShape | None:
         arch = b["arch"]
         patches = (cfg["dataset"]["img_size"] // arch["patch_size"]) ** 2
         return BackboneShape(patches + (1 if arch["class_token"] else 0), arch["embed_dim"], arch["depth"])
-    return timm_shape(b["timm_name"])
+    return timm_shape(b["timm_name"], cfg["dataset"]["img_size"])  # built at the study's size
 
 
 def cache_sizes(cfg: dict, num_samples: int) -> dict[str, int | None]:

@@ -26,6 +26,11 @@ def test_shapes_of_common_timm_names(name, shape):
     assert (s.tokens, s.width, s.depth) == shape
 
 
+def test_a_timm_name_built_at_the_studys_image_size():
+    assert timm_shape("vit_base_patch16_224", img_size=64).tokens == 17  # 4 x 4 patches + CLS
+    assert timm_shape("vit_small_patch14_dinov2.lvd142m", img_size=224).tokens == 257  # size from the study
+
+
 def test_unrecognised_names_are_unknown():
     assert timm_shape("vit_small_patch14_dinov2.lvd142m") is None  # no image size in the name
     assert timm_shape("resnet50") is None
