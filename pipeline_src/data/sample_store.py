@@ -52,7 +52,7 @@ class StoredImages:
         device: where the batches go (and `prefix` runs).
         prefix: frozen model part, float (B, C, H, W) on `device` → features; None: the images.
         autocast: run `prefix` under bfloat16 autocast (CUDA only; `train.precision`); outputs are float32.
-        chunk: images per pass of `load()` and of a slice.
+        chunk: images per pass of a slice.
     """
 
     def __init__(self, store: SampleStore, ids: list[str], mean: list[float], std: list[float],
@@ -89,10 +89,6 @@ class StoredImages:
             return torch.cat(parts) if parts else self._batch(pos)
         pos = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64).reshape(-1)
         return self._batch(pos)  # (B, ...) store rows of the batch, in its order
-
-    def load(self) -> torch.Tensor:
-        """Every sample at once (O(samples) float32): for consumers that need one tensor (DP's TensorDataset)."""
-        return self[:]
 
 
 class SampleStore:
