@@ -41,14 +41,14 @@ def test_prepared_images_equal_the_in_memory_decode(prepared):
     assert store.image_array.shape == (18, 3, 8, 8)
     assert np.array_equal(np.load(results / "prepare" / "images.npy", mmap_mode="r"), old.numpy())  # a plain .npy
     ids = store.ids("target", "train")[::-1]
-    assert torch.equal(store.subset(ids).images, old[torch.tensor([store.row_of[i] for i in ids])])
+    assert torch.equal(store.subset(ids).images, old[torch.from_numpy(store.rows(ids))])
 
 
 def test_shard_rows_of_a_last_k_cache_equal_the_old_rows(prepared):
     cfg, results = prepared
     path = run_features(cfg, results, "last1")
     store = SampleStore(results / "prepare" / "samples.parquet")
-    rows = [store.row_of[i] for i in store.ids("target", "train")][::2]
+    rows = list(store.rows(store.ids("target", "train"))[::2])
     old = old_features(cfg, results, lambda b: lambda x: vit_prefix(b, x, len(b.blocks) - 1))
     assert torch.equal(load_rows(path, rows), old[torch.tensor(rows)])
 
@@ -60,7 +60,7 @@ def test_blocks_cache_keeps_only_what_last_reads_and_serves_the_model(prepared):
     path = run_features(cfg, results, "blocks", everys=[2])
     assert np.load(path, mmap_mode="r").shape[1] == 3  # z0, z2, z4 of depth 4: not all 5
     store = SampleStore(results / "prepare" / "samples.parquet")
-    rows = [store.row_of[i] for i in store.ids("target", "test")]
+    rows = list(store.rows(store.ids("target", "test")))
     old = old_features(cfg, results, lambda b: lambda x: torch.stack(extract_features(b, x, every=1), dim=1))
     backbone, _ = load_backbone(results / "pretrain")
     model = build_tuned_model(backbone, cfg["methods"]["last"], 3, 0).eval()
