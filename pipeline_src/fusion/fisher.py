@@ -18,6 +18,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.fusion.soup import check_same_keys, weighted_average
+from pipeline_src.store.glibc_malloc import release_freed
 
 
 def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor | None = None,
@@ -71,6 +72,8 @@ def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
             grads = per_example(params, x, y)  # {name: (b, *shape)}
             for name, g in grads.items():
                 acc[name] += (g ** 2).sum(0)
+            del grads
+            release_freed()  # the batch's freed tensors leave the RSS (`store/glibc_malloc.py`)
     finally:
         model.train(was_training)
         for m in fused:

@@ -19,6 +19,7 @@ from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
 from pipeline_src.matching.lsa_rotation import find_lsa_prefixes
 from pipeline_src.methods.nonlinear import TailFineTune
+from pipeline_src.store.glibc_malloc import release_freed
 
 # matching kind → (rotation, scaling) of `match_attention_heads`; `none` does not match.
 MATCH_OPTIONS = {"permutation": (False, False), "rotation": (True, False), "rotation-scaling": (True, True)}
@@ -183,6 +184,7 @@ def logits_of_states(template: nn.Module, states: list[dict], h, batch_size: int
         for out, state in zip(outs, states):
             template.load_trainable_state(state)
             out.append(template.forward_from_prefix(batch).cpu())
+        release_freed()  # the batch's freed tensors leave the RSS (`store/glibc_malloc.py`)
     return [torch.cat(o) for o in outs]
 
 

@@ -22,6 +22,12 @@ from pipeline_src.store.glibc_malloc import set_mmap_threshold
 JOB_MMAP_THRESHOLD = 4 << 20
 
 
+def job_allocator() -> None:
+    """Pin glibc's mmap threshold at JOB_MMAP_THRESHOLD, unless the user set MALLOC_MMAP_THRESHOLD_."""
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        set_mmap_threshold(JOB_MMAP_THRESHOLD)
+
+
 def execute(step: str, args: StepArgs) -> int:
     """Run the step with stdout/stderr sent to its log; return the exit status."""
     if args.log:
@@ -32,8 +38,7 @@ def execute(step: str, args: StepArgs) -> int:
         os.close(log_fd)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        set_mmap_threshold(JOB_MMAP_THRESHOLD)
+    job_allocator()
     t0 = time.perf_counter()
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)
