@@ -17,6 +17,7 @@ from typing import Any
 import timm
 import torch
 from safetensors.torch import load_file, save_file
+from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.store.atomic import atomic_path, write_json
@@ -77,12 +78,37 @@ def load_backbone(out_dir: str | Path) -> tuple[VisionTransformer, dict]:
     return model.eval(), record
 
 
+def fit_position_embedding(state: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """A checkpoint's state with its absolute position embedding resampled to `model`'s patch grid
+    (a checkpoint of another image size), as timm does for its pretrained weights; else unchanged.
+
+    Args:
+        state: the checkpoint's tensors.
+        model: the ViT they load into (built at the study's image size).
+    """
+    pos = state.get("pos_embed")
+    if pos is None or pos.shape == model.pos_embed.shape:
+        return state
+    prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    if pos.shape[-1] != model.pos_embed.shape[-1]:
+        return state  # another width: load_state_dict names the mismatch
+    resampled = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size), num_prefix_tokens=prefix)
+    return {**state, "pos_embed": resampled}
+
+
 def external_backbone(cfg: dict) -> tuple[VisionTransformer, dict]:
     """A backbone from timm (optionally pretrained) or from a local checkpoint file."""
     bcfg = cfg["backbone"]
     if bcfg["timm_name"]:
-        create_kwargs: dict[str, Any] = {}
-        model = timm.create_model(bcfg["timm_name"], pretrained=bcfg["pretrained"] and bcfg["source"] == "timm")
+        # Built at the study's image size and channels: timm resamples the pretrained position
+        # embedding to the new grid and adapts the patch embedding's input channels.
+        create_kwargs: dict[str, Any] = {"img_size": cfg["dataset"]["img_size"], "in_chans": cfg["dataset"]["in_chans"]}
+        model = timm.create_model(bcfg["timm_name"], pretrained=bcfg["pretrained"] and bcfg["source"] == "timm",
+                                  **create_kwargs)
+        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+        if patch and any(cfg["dataset"]["img_size"] % p for p in patch):
+            raise ValueError(f"config key 'dataset.img_size': {cfg['dataset']['img_size']} is not a multiple of the "
+                             f"patch size {tuple(patch)} of backbone.timm_name '{bcfg['timm_name']}'")
         record = {"timm_name": bcfg["timm_name"], "create_kwargs": create_kwargs}
     else:
         kwargs = embedded_vit_kwargs(cfg, num_classes=0)
@@ -91,7 +117,7 @@ def external_backbone(cfg: dict) -> tuple[VisionTransformer, dict]:
     if bcfg["source"] == "checkpoint":
         state = load_state_file(bcfg["checkpoint"])
         # The downstream head is always re-created, so a checkpoint's head is dropped.
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        state = fit_position_embedding({k: v for k, v in state.items() if not k.startswith("head.")}, model)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith("head.")]
         if missing or unexpected:

@@ -188,6 +188,3 @@ class CachedRows:
             pos = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64).reshape(-1)
         return self.cache.rows(self.rows[pos], blocks=self.blocks).to(self.device)
 
-    def load(self) -> torch.Tensor:
-        """Every row at once (O(rows) float32): for consumers that need one tensor (DP's TensorDataset)."""
-        return self[:]

@@ -6,12 +6,15 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
 from pipeline_src.data.npy_rows import NpyRows
+from pipeline_src.memory.glibc_malloc import release_freed
 
 IMAGES_FILE = "images.npy"
 
@@ -52,7 +55,7 @@ class StoredImages:
         device: where the batches go (and `prefix` runs).
         prefix: frozen model part, float (B, C, H, W) on `device` → features; None: the images.
         autocast: run `prefix` under bfloat16 autocast (CUDA only; `train.precision`); outputs are float32.
-        chunk: images per pass of `load()` and of a slice.
+        chunk: images per pass of a slice.
     """
 
     def __init__(self, store: SampleStore, ids: list[str], mean: list[float], std: list[float],
@@ -90,20 +93,19 @@ class StoredImages:
         pos = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64).reshape(-1)
         return self._batch(pos)  # (B, ...) store rows of the batch, in its order
 
-    def load(self) -> torch.Tensor:
-        """Every sample at once (O(samples) float32): for consumers that need one tensor (DP's TensorDataset)."""
-        return self[:]
-
 
 class SampleStore:
     """Read access to a prepared dataset folder."""
 
     def __init__(self, samples_path: str | Path) -> None:
         samples_path = Path(samples_path)
+        # Arrow columns (and numpy views of the numeric ones), not a Python object per row: a
+        # dict of 1.2M ids would cost about 1 GB in every job that opens the table.
         self.table = pq.read_table(samples_path)
         self._images_path = samples_path.with_name(IMAGES_FILE)
         self._images: NpyRows | None = None
-        self.row_of = dict(zip(self.table.column("sample_id").to_pylist(), self.table.column("row").to_pylist()))
+        self._sample_ids = self.table.column("sample_id").combine_chunks()
+        self._rows = self.table.column("row").to_numpy()
         self._labels = self.table.column("label").to_numpy()
 
     @property
@@ -120,25 +122,36 @@ class SampleStore:
         """uint8 images of these rows, in the given order (only they are read)."""
         return torch.from_numpy(self.image_array.read(rows))
 
+    def _where(self, task: str, split: str | None = None) -> pa.ChunkedArray:
+        mask = pc.equal(self.table.column("task"), task)
+        return mask if split is None else pc.and_(mask, pc.equal(self.table.column("split"), split))
+
     def ids(self, task: str, split: str) -> list[str]:
-        t = self.table.to_pydict()
-        return sorted(i for i, tk, s in zip(t["sample_id"], t["task"], t["split"]) if tk == task and s == split)
+        """Sorted sample ids of one task's split (only they become Python strings)."""
+        return sorted(pc.filter(self.table.column("sample_id"), self._where(task, split)).to_pylist())
 
     def num_classes(self, task: str) -> int:
-        t = self.table.to_pydict()
-        return len({lab for lab, tk in zip(t["label"], t["task"]) if tk == task})
+        return int(pc.count_distinct(pc.filter(self.table.column("label"), self._where(task))).as_py())
+
+    def _positions(self, ids: list[str]) -> np.ndarray:
+        """Table positions of these ids, by Arrow's hash lookup against the id column (an unknown id
+        is an error naming it)."""
+        pos = pc.index_in(pa.array(list(ids), pa.string()), value_set=self._sample_ids)
+        if pos.null_count:
+            missing = next(i for i, p in zip(ids, pos.is_null().to_pylist()) if p)
+            raise KeyError(f"sample id not in the prepared dataset: {missing}")
+        return pos.to_numpy(zero_copy_only=False).astype(np.int64)
 
     def rows(self, ids: list[str]) -> np.ndarray:
-        """Samples-table rows of these ids (an unknown id is an error naming it)."""
-        missing = [i for i in ids if i not in self.row_of]
-        if missing:
-            raise KeyError(f"sample id not in the prepared dataset: {missing[0]}")
-        return np.array([self.row_of[i] for i in ids], dtype=np.int64)
+        """Samples-table rows (images.npy and cache rows) of these ids, in their order (an unknown id
+        is an error naming it)."""
+        return self._rows[self._positions(ids)].astype(np.int64)
 
     def subset(self, ids: list[str]) -> Subset:
         """The samples with these ids (unknown ids are an error naming the id)."""
-        rows = self.rows(ids)
-        return Subset(self, list(ids), rows, torch.from_numpy(self._labels[rows].astype(np.int64)))
+        pos = self._positions(ids)
+        return Subset(self, list(ids), self._rows[pos].astype(np.int64),
+                      torch.from_numpy(self._labels[pos].astype(np.int64)))
 
     def split(self, task: str, split: str) -> Subset:
         return self.subset(self.ids(task, split))
@@ -165,6 +178,7 @@ class SampleStore:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 out = fn(to_model_input(images, mean, std))
             outs.append(out.float() if autocast else out)
+            release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
         if not outs:
             raise ValueError("SampleStore.apply: no samples")
         return torch.cat(outs)

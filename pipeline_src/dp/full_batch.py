@@ -41,7 +41,7 @@ def clipped_gradient_sum(module: BookKeepingModule, xs: list[torch.Tensor], labe
 
     Args:
         module: the model wrapped for book-keeping clipping (bound C).
-        xs: the inputs, a list of (N, ...) tensors (one unless `as_list`).
+        xs: the inputs, a list of (N, ...) tensors or sliceable views (one unless `as_list`).
         labels: (N,) labels.
         loss_fn: per-example loss, (outputs, labels) -> (B,).
         micro_batch_size: examples per forward/backward.
@@ -70,7 +70,8 @@ def train_private_full_batch(model: nn.Module, inputs: torch.Tensor | Sequence[t
 
     Args:
         model: model whose forward takes a batch of `inputs`; only requires_grad parameters train.
-        inputs: (N, ...) tensor, or a list of such tensors passed to the model as a list.
+        inputs: (N, ...) tensor, a list of such tensors passed to the model as a list, or a view
+            sliced one micro-batch at a time (`CachedRows`, `StoredImages`: only its rows are read).
         labels: (N,) labels.
         loss_fn: per-example loss, (outputs, labels) -> (B,).
         epochs: epochs = noisy steps (the paper: 50).

@@ -5,7 +5,7 @@ PrivacyEngine and Poisson sampling, and four ways of clipping per-example gradie
   Large Model at Small Cost"): ONE backward pass to the trainable layers' outputs, the
   per-example norms from our per-layer rules, then Σ_i c_i ∇ℓ_i formed per layer from the
   recorded activations and the rescaled output gradients (`book_keeping`). Opacus'
-  accountant and Poisson DPDataLoader do the rest, with its fast-clipping DPOptimizer drawing
+  accountant and Poisson DPDataLoader (over row positions: each step reads only its rows) do the rest, with its fast-clipping DPOptimizer drawing
   the noise once per step over a flat buffer (`flat_noise`).
 - "fast": ghost clipping with our norm samplers (Gram/direct Linear forms, vector fast
   path, LayerNorm and AdditiveDelta rules; Lee & Kifer 2021, "Scaling up differentially
@@ -20,7 +20,7 @@ Transformers...", §3.4), DP-NLFT and DP-LAST.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import NEIGHBOURING, plan_budget, steps_per_epoch
@@ -36,9 +36,11 @@ from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
 from pipeline_src.dp.secret_randomness import secret_generator
+from pipeline_src.memory.glibc_malloc import release_freed
 
 MODES = ("bk", "fast", "ghost", "hooks")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Rows = Any  # a view with `len` read at a tensor of positions: `CachedRows`, `StoredImages`
 
 
 def per_example_cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -169,7 +171,36 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     return engine, module, dp_opt, dp_loader
 
 
-def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor], labels: torch.Tensor, *, loss_fn: LossFn = per_example_cross_entropy,
+class RowPositions(Dataset):
+    """Positions 0..n-1 of a training set, as one-element tuples: the dataset Opacus' Poisson
+    DPDataLoader samples from (each position independently with probability q, drawn from the
+    secret sampler generator). The training loop then reads only those rows of its inputs, so a
+    DP job holds one Poisson batch, never a tensor of its shard.
+
+    Args:
+        n: the training set's size.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor]:
+        if not 0 <= i < self.n:
+            raise IndexError(f"position {i} out of range for {self.n} rows")
+        return (torch.tensor(i, dtype=torch.int64),)
+
+
+def read_rows(xs: list, positions: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    """The rows at `positions` of each input: a tensor's rows, or a view's (`CachedRows`,
+    `StoredImages`: only those rows are read or computed), on `device`."""
+    return [(t[positions.to(t.device)] if isinstance(t, torch.Tensor) else t[positions]).to(device) for t in xs]
+
+
+def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor] | Rows, labels: torch.Tensor, *,
+                  loss_fn: LossFn = per_example_cross_entropy,
                   epochs: int, batch_size: int, lr: float, epsilon: float, delta: float, max_grad_norm: float,
                   mode: str = "bk", accountant: str = "rdp",
                   progress: Callable[[dict], None] | None = None,
@@ -184,8 +215,9 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     Args:
         model: model whose forward takes a batch of `inputs` (images or cached features);
             only parameters with requires_grad train (see `regimes.apply_regime`).
-        inputs: (N, ...) tensor, or a list of such tensors (e.g. LAST's [z_0..z_m]); a
-            list is passed to the model as a list of batch tensors.
+        inputs: (N, ...) tensor, a list of such tensors (e.g. LAST's [z_0..z_m]; passed to the
+            model as a list of batch tensors), or a view with `len` read at a tensor of positions
+            (`CachedRows`, `StoredImages`): each Poisson batch reads only its own rows.
         labels: (N, ...) tensor.
         loss_fn: per-example loss, (outputs, labels) -> (B,).
         epochs: planned epochs (sets σ with the sampling rate).
@@ -219,7 +251,9 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
         raise ValueError("train_private: the model has no trainable parameter")
     device = trainable[0][1].device
     optimizer = torch.optim.SGD([p for _, p in trainable], lr=lr)
-    loader = DataLoader(TensorDataset(*xs, labels), batch_size=batch_size)
+    # Opacus samples positions, not data: its Poisson loader over RowPositions draws each step's
+    # rows with the secret sampler generator, and only those rows are read below.
+    loader = DataLoader(RowPositions(len(labels)), batch_size=batch_size)
     engine, module, dp_opt, dp_loader = make_private_model(
         model, optimizer, loader, mode=mode, sigma=budget["sigma"], max_grad_norm=max_grad_norm,
         accountant=accountant, noise_generator=noise_generator, sampler_generator=sampler_generator,
@@ -228,9 +262,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     step = 0
     try:
         for epoch in range(epochs):
-            for batch in dp_loader:
-                xb, yb = [t.to(device) for t in batch[:-1]], batch[-1].to(device)
-                n = len(yb)
+            for (positions,) in dp_loader:
+                n = len(positions)
                 dp_opt.zero_grad()
                 if n == 0:  # empty Poisson batch: noise-only step, still accounted
                     for _, p in trainable:
@@ -239,10 +272,12 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                         p.grad_sample = torch.zeros(0, *p.shape, dtype=p.dtype, device=p.device) if mode == "hooks" else None
                     loss_value = float("nan")
                 else:
+                    xb, yb = read_rows(xs, positions, device), labels[positions.to(labels.device)].to(device)
                     losses = _per_example(loss_fn(module(xb if as_list else xb[0]), yb), n)
                     dp_backward(module, dp_opt, losses, mode)
                     loss_value = float(losses.detach().mean())
                 dp_opt.step()
+                release_freed()  # the step's freed tensors leave the RSS (`memory/glibc_malloc.py`)
                 step += 1
                 if progress is not None:
                     progress({"step": step, "epoch": epoch, "loss": loss_value, "batch": n})

@@ -18,6 +18,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.fusion.soup import check_same_keys, weighted_average
+from pipeline_src.memory.glibc_malloc import release_freed
 
 
 def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor | None = None,
@@ -26,16 +27,19 @@ def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
 
     Args:
         model: a classifier returning logits (B, K); evaluated in eval mode (restored after).
-        inputs: (N, ...) examples.
+        inputs: (N, ...) examples: a tensor, or any view with `len` that returns a batch tensor when
+            sliced (`CachedRows`, `StoredImages`): the sum of squares accumulates batch by batch,
+            so only one batch of inputs is held.
         labels: (N,) true labels, or None to use the model's predicted labels.
         batch_size: examples per vmapped chunk (memory ∝ batch_size × parameter count).
 
     Returns:
         {parameter name: Fisher diagonal of the parameter's shape} for parameters with requires_grad.
     """
-    if labels is not None and labels.shape != (inputs.shape[0],):
-        raise ValueError(f"fisher: labels shape {tuple(labels.shape)} != ({inputs.shape[0]},)")
-    if inputs.shape[0] == 0:
+    count = len(inputs)
+    if labels is not None and labels.shape != (count,):
+        raise ValueError(f"fisher: labels shape {tuple(labels.shape)} != ({count},)")
+    if count == 0:
         raise ValueError("fisher: no inputs")
     params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     if not params:
@@ -58,7 +62,7 @@ def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
         m.fused_attn = False
     try:
         acc = {n: torch.zeros_like(p) for n, p in params.items()}
-        for start in range(0, inputs.shape[0], batch_size):
+        for start in range(0, count, batch_size):
             x = inputs[start:start + batch_size]
             if labels is None:
                 with torch.no_grad():
@@ -66,13 +70,15 @@ def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
             else:
                 y = labels[start:start + batch_size].to(x.device)
             grads = per_example(params, x, y)  # {name: (b, *shape)}
-            for n, g in grads.items():
-                acc[n] += (g ** 2).sum(0)
+            for name, g in grads.items():
+                acc[name] += (g ** 2).sum(0)
+            del grads
+            release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
     finally:
         model.train(was_training)
         for m in fused:
             m.fused_attn = True
-    return {n: a / inputs.shape[0] for n, a in acc.items()}
+    return {name: a / count for name, a in acc.items()}
 
 
 def fisher_merge(sds: list[dict], fishers: list[dict], eps: float = 1e-8) -> dict:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from pipeline_src.fusion.soup import check_same_keys, weighted_average
+from pipeline_src.memory.glibc_malloc import release_freed
 
 
 def linear_input_grams(model: nn.Module, inputs: torch.Tensor, batch_size: int = 64) -> dict[str, torch.Tensor]:
@@ -30,7 +31,9 @@ def linear_input_grams(model: nn.Module, inputs: torch.Tensor, batch_size: int =
 
     Args:
         model: evaluated in eval mode under no_grad (mode restored after).
-        inputs: (N, ...) examples, fed in chunks of `batch_size`.
+        inputs: (N, ...) examples, fed in chunks of `batch_size`: a tensor, or any view with `len` that
+            returns a batch tensor when sliced (`CachedRows`, `StoredImages`); each Gram is summed
+            batch by batch in float64, so only one batch of inputs is held.
         batch_size: examples per forward.
 
     Returns:
@@ -53,8 +56,9 @@ def linear_input_grams(model: nn.Module, inputs: torch.Tensor, batch_size: int =
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, inputs.shape[0], batch_size):
+            for start in range(0, len(inputs), batch_size):
                 model(inputs[start:start + batch_size])
+                release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
     finally:
         for h in handles:
             h.remove()

@@ -86,6 +86,19 @@ def extract_features(backbone: VisionTransformer, x: Tensor, *, every: int) -> l
     return out
 
 
+def block_outputs(backbone: VisionTransformer, x: Tensor, blocks: Sequence[int]) -> Tensor:
+    """The outputs of these backbone blocks (0 = the embedding), stacked (B, len(blocks), N, D),
+    from ONE no-grad forward (every block's output lies on the way to the last one).
+
+    Args:
+        backbone: timm VisionTransformer (not modified).
+        x: images, shape (B, C, H, W).
+        blocks: backbone block indices, any order (dim 1 follows it).
+    """
+    feats = extract_features(backbone, x, every=1)
+    return torch.stack([feats[k] for k in blocks], dim=1)
+
+
 def extract_feature_dict(
     backbone: VisionTransformer,
     images: Tensor,

@@ -13,12 +13,12 @@ import torch
 from timm.layers import LayerScale
 from torch import nn
 
-from pipeline_src.data.feature_cache import FeatureCache
-from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.feature_cache import CachedRows, FeatureCache
+from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
 from pipeline_src.matching.lsa_rotation import find_lsa_prefixes
+from pipeline_src.memory.glibc_malloc import release_freed
 from pipeline_src.methods.nonlinear import TailFineTune
-from pipeline_src.methods.training import batched_apply
 from pipeline_src.vit.parts import FromPrefix
 
 # matching kind → (rotation, scaling) of `match_attention_heads`; `none` does not match.
@@ -138,14 +138,25 @@ def trained_part(full: dict, like: dict) -> dict:
     return {k: full[f"root.{k}"] for k in like}
 
 
-def prefix_inputs(tuned: nn.Module, store: SampleStore, ids: list[str], features: FeatureCache | None,
-                  backbone_record: dict, device: torch.device, batch_size: int = 256) -> torch.Tensor:
-    """Frozen-prefix features of these samples (held: O(ids)): rows of the cached features, or
-    computed from images read `batch_size` at a time (`train.eval_batch_size`)."""
+def prefix_rows(tuned: nn.Module, store: SampleStore, ids: list[str], features: FeatureCache | None,
+                backbone_record: dict, device: torch.device, batch_size: int = 256) -> CachedRows | StoredImages:
+    """Frozen-prefix features of these samples as a view read when sliced (O(one batch) held):
+    rows of the cached features (`CachedRows`), or the prefix run on a slice's images
+    (`StoredImages`, `batch_size` images a pass: `train.eval_batch_size`).
+
+    Args:
+        tuned: the tuned model (its `prefix`, and a LAST model's `cache_blocks`).
+        store: the prepared dataset.
+        ids: sample ids, in view order.
+        features: the study's cache, or None (compute from images).
+        backbone_record: the backbone's record (normalisation).
+        device: where sliced batches go.
+        batch_size: images per prefix pass without a cache.
+    """
     if features is not None:
-        return features.rows([store.row_of[i] for i in ids], blocks=getattr(tuned, "cache_blocks", None)).to(device)
-    return store.apply(tuned.prefix, ids, backbone_record["mean"], backbone_record["std"], device,
-                       batch_size=batch_size)
+        return CachedRows(features, store.rows(ids), device, blocks=getattr(tuned, "cache_blocks", None))
+    return StoredImages(store, ids, backbone_record["mean"], backbone_record["std"], device, prefix=tuned.prefix,
+                        chunk=batch_size)
 
 
 def load_features(path: str | None) -> FeatureCache | None:
@@ -153,12 +164,32 @@ def load_features(path: str | None) -> FeatureCache | None:
     return None if path is None else FeatureCache(path)
 
 
+def logits_from(template: nn.Module, state: dict, h, batch_size: int = 256) -> torch.Tensor:
+    """Logits (n, K) of `template` after loading `state` into it (every trained tensor is replaced);
+    `h` as `logits_of_states`'."""
+    return logits_of_states(template, [state], h, batch_size)[0]
+
+
 @torch.no_grad()
-def logits_from(template: nn.Module, state: dict, h: torch.Tensor) -> torch.Tensor:
-    """Logits (B, K) of `template` after loading `state` into it (every trained tensor is replaced)."""
-    template.load_trainable_state(state)
+def logits_of_states(template: nn.Module, states: list[dict], h, batch_size: int = 256) -> list[torch.Tensor]:
+    """Logits (n, K) of each state on the features `h`, read ONE batch at a time for all states
+    (the batch's features serve every state: one read or prefix pass of the set, not one per state).
+
+    Args:
+        template: the tuned model the states load into.
+        states: trained states (`trainable_state()` dicts).
+        h: prefix features: a tensor or a sliceable view (`prefix_rows`), read `batch_size` rows a slice.
+        batch_size: rows per slice (`train.eval_batch_size`).
+    """
     template.eval()
-    return batched_apply(template.forward_from_prefix, h).cpu()
+    outs: list[list[torch.Tensor]] = [[] for _ in states]
+    for start in range(0, len(h), batch_size):
+        batch = h[start:start + batch_size]
+        for out, state in zip(outs, states):
+            template.load_trainable_state(state)
+            out.append(template.forward_from_prefix(batch).cpu())
+        release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+    return [torch.cat(o) for o in outs]
 
 
 def reinit_method_config(method_cfg: dict, seed: int) -> dict:

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from pipeline_src.data.throughput import Throughput
-from pipeline_src.last.features import BlockBatches, extract_features
+from pipeline_src.last.features import BlockBatches, block_outputs, extract_features
 from pipeline_src.last.train import build_side_network, train_side_network
 from pipeline_src.methods.kinds import LAST_DEFAULTS
 from pipeline_src.methods.nonlinear import TailFineTune
@@ -163,8 +163,7 @@ class SideTuned(nn.Module):
     @torch.no_grad()
     def prefix_blocks(self, x: torch.Tensor, blocks: list[int]) -> torch.Tensor:
         """The outputs of these backbone blocks (0 = embedding), stacked: (B, len(blocks), N, D)."""
-        feats = extract_features(self.backbone, x, every=1)
-        return torch.stack([feats[k] for k in blocks], dim=1)
+        return block_outputs(self.backbone, x, blocks)
 
     @torch.no_grad()
     def prefix(self, x: torch.Tensor) -> torch.Tensor:

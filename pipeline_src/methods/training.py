@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from pipeline_src.data.throughput import Throughput
+from pipeline_src.memory.glibc_malloc import release_freed
 from pipeline_src.optim.schedule import apply_schedule
 
 
@@ -87,4 +88,8 @@ def batched_apply(fn: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tens
         inputs: a tensor, or anything sliceable with `len` (`CachedRows` reads each chunk's rows then).
         batch_size: rows per chunk.
     """
-    return torch.cat([fn(inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)])
+    outs = []
+    for i in range(0, len(inputs), batch_size):
+        outs.append(fn(inputs[i:i + batch_size]))
+        release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+    return torch.cat(outs)

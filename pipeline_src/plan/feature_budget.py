@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline_src.methods.kinds import feature_cache, kind_of
+from pipeline_src.methods.kinds import LAST_DEFAULTS, feature_cache, kind_of
 
 BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # timm ViT size names -> (width, depth)
@@ -38,7 +38,8 @@ def side_everys(cfg: dict) -> list[int]:
     """Every spacing g that a LAST configuration of the study reads (methods and the LAST grid)."""
     from pipeline_src.plan.last_grid import grid_method, grid_points
 
-    everys = {m.get("every", 1) for m in cfg["methods"].values() if kind_of(m).side}
+    # the method's own default g (LAST_DEFAULTS): a cache built for g = 1 would keep blocks no method reads
+    everys = {m.get("every", LAST_DEFAULTS["every"]) for m in cfg["methods"].values() if kind_of(m).side}
     if cfg.get("last_grid", {}).get("enabled") and grid_method(cfg) is not None:
         everys |= {p["every"] for p in grid_points(cfg)}
     return sorted(everys)
@@ -59,23 +60,36 @@ def study_caches(cfg: dict) -> list[str]:
     return sorted({c for m in cfg["methods"].values() if (c := feature_cache(m)) is not None})
 
 
-def timm_shape(name: str) -> BackboneShape | None:
+def timm_patch_size(name: str) -> int | None:
+    """The patch size a timm ViT name states (`patch<P>`), or None."""
+    patch = re.search(r"patch(\d+)", name.split(".")[0])
+    return int(patch.group(1)) if patch else None
+
+
+def timm_shape(name: str, img_size: int | None = None) -> BackboneShape | None:
     """Tokens, width and depth of a common timm ViT from its name alone (no timm import), or None.
 
     Reads `patch<P>`, the image size (`_<img>` after the patch, as in vit_base_patch16_224),
     the size word (tiny/small/base/large/huge), registers (`reg<R>`) and DeiT's distillation token.
+
+    Args:
+        name: the timm model name.
+        img_size: the image size it is built at (the study's; timm resamples the position
+            embedding), or None for the size in the name.
     """
     base = name.split(".")[0]
     size = next((s for s in VIT_SIZES if f"_{s}_" in f"_{base}_"), None)
-    patch = re.search(r"patch(\d+)", base)
+    patch = timm_patch_size(base)
     img = re.search(r"patch\d+_(?:[a-z0-9]+_)*?(\d{3,})(?:_|$)", base)
-    if size is None or patch is None or img is None:
+    if img_size is None and img is not None:
+        img_size = int(img.group(1))
+    if size is None or patch is None or img_size is None:
         return None
     width, depth = VIT_SIZES[size]
     prefix = 1 + (1 if "distilled" in base else 0)
     reg = re.search(r"reg(\d+)", base)
     prefix += int(reg.group(1)) if reg else 0
-    return BackboneShape((int(img.group(1)) // int(patch.group(1))) ** 2 + prefix, width, depth)
+    return BackboneShape((img_size // patch) ** 2 + prefix, width, depth)
 
 
 def backbone_shape(cfg: dict) -> BackboneShape | None:
@@ -85,7 +99,7 @@ def backbone_shape(cfg: dict) -> BackboneShape | None:
         arch = b["arch"]
         patches = (cfg["dataset"]["img_size"] // arch["patch_size"]) ** 2
         return BackboneShape(patches + (1 if arch["class_token"] else 0), arch["embed_dim"], arch["depth"])
-    return timm_shape(b["timm_name"])
+    return timm_shape(b["timm_name"], cfg["dataset"]["img_size"])  # built at the study's size
 
 
 def cache_sizes(cfg: dict, num_samples: int) -> dict[str, int | None]:

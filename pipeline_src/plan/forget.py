@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline_src.methods.kinds import is_counterpart, nonlinear_counterpart
 from pipeline_src.plan.errors import ConfigError
@@ -72,8 +73,12 @@ def validate_request(ids: Sequence[str], samples: pa.Table) -> list[str]:
         if i in seen:
             raise ForgetRequestError(f"forget request: duplicate sample id '{i}'")
         seen.add(i)
-    t = samples.to_pydict()
-    where = {s: (task, split) for s, task, split in zip(t["sample_id"], t["task"], t["split"])}
+    # Arrow lookups: only the requested ids' task and split become Python objects, not the table's.
+    pos = pc.index_in(pa.array(list(ids), pa.string()), value_set=samples.column("sample_id").combine_chunks())
+    found = pos.drop_null()
+    tasks = samples.column("task").take(found).to_pylist()
+    splits = samples.column("split").take(found).to_pylist()
+    where = dict(zip((i for i, p in zip(ids, pos.is_valid().to_pylist()) if p), zip(tasks, splits)))
     for i in ids:
         if i not in where:
             raise ForgetRequestError(f"forget request: unknown sample id '{i}'")
@@ -104,8 +109,8 @@ def samples_table(cfg: dict) -> pa.Table:
 
 def train_ids(samples: pa.Table) -> list[str]:
     """Sorted ids of the target task's training split."""
-    t = samples.to_pydict()
-    return sorted(i for i, tk, s in zip(t["sample_id"], t["task"], t["split"]) if tk == "target" and s == "train")
+    mask = pc.and_(pc.equal(samples.column("task"), "target"), pc.equal(samples.column("split"), "train"))
+    return sorted(pc.filter(samples.column("sample_id"), mask).to_pylist())
 
 
 def requested_ids(cfg: dict) -> list[str]:

@@ -13,13 +13,19 @@ import time
 import traceback
 from pathlib import Path
 
+from pipeline_src.memory.glibc_malloc import set_mmap_threshold
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.store.glibc_malloc import set_mmap_threshold
 
-# Tensors of 4 MiB and more are their own mappings, freed back to the OS (`store/glibc_malloc.py`):
+# Tensors of 4 MiB and more are their own mappings, freed back to the OS (`memory/glibc_malloc.py`):
 # a LAST shard job at 2,000 images peaked at 1.29 GB instead of 1.8-2.0 GB, a TAFT job at +3 % wall.
 # (128 KiB, the pin of the memory benchmarks, cost TAFT +10 %.) MALLOC_MMAP_THRESHOLD_ set by the user wins.
 JOB_MMAP_THRESHOLD = 4 << 20
+
+
+def job_allocator() -> None:
+    """Pin glibc's mmap threshold at JOB_MMAP_THRESHOLD, unless the user set MALLOC_MMAP_THRESHOLD_."""
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        set_mmap_threshold(JOB_MMAP_THRESHOLD)
 
 
 def execute(step: str, args: StepArgs) -> int:
@@ -32,8 +38,7 @@ def execute(step: str, args: StepArgs) -> int:
         os.close(log_fd)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        set_mmap_threshold(JOB_MMAP_THRESHOLD)
+    job_allocator()
     t0 = time.perf_counter()
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)

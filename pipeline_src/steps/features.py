@@ -19,7 +19,8 @@ from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.throughput import Throughput
-from pipeline_src.last.features import extract_features
+from pipeline_src.last.features import block_outputs
+from pipeline_src.methods.kinds import LAST_DEFAULTS
 from pipeline_src.plan.feature_budget import kept_blocks
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
@@ -37,9 +38,9 @@ def main(args: StepArgs) -> None:
     cache = args.wildcards["cache"]
     meta: dict = {"cache": cache, "depth": len(backbone.blocks)}
     if cache == "blocks":  # LAST: (num_samples, len(blocks), tokens, dim)
-        blocks = kept_blocks(len(backbone.blocks), args.params.get("everys") or [1])
+        blocks = kept_blocks(len(backbone.blocks), args.params.get("everys") or [LAST_DEFAULTS["every"]])
         meta["blocks"] = blocks
-        fn = lambda b: torch.stack([extract_features(backbone, b, every=1)[k] for k in blocks], dim=1)  # noqa: E731
+        fn = lambda b: block_outputs(backbone, b, blocks)  # one pass for every kept block  # noqa: E731
     else:  # tokens entering the last k blocks: (num_samples, tokens, dim)
         start = len(backbone.blocks) - int(cache.removeprefix("last"))
         fn = lambda b: vit_prefix(backbone, b, start)  # noqa: E731

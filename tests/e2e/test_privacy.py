@@ -133,7 +133,7 @@ def test_dp_taft_shards_compose_to_their_ensemble(study):
     # the composed Δw sum equals the explicit ensemble (mean logits) of the shard models
     store = SampleStore(study / "results" / "prepare" / "samples.parquet")
     ids = store.ids("target", "test")[:64]
-    h = load_rows(study / "results" / "features" / "last1" / "features.npy", [store.row_of[i] for i in ids])
+    h = load_rows(study / "results" / "features" / "last1" / "features.npy", store.rows(ids))
     backbone = study / "results" / "pretrain"
     with torch.no_grad():
         logits = [load_tuned_model(backbone, base / f"{n}.safetensors")[0].eval().double().forward_from_prefix(h.double())

@@ -114,7 +114,7 @@ def test_cached_rows_reads_positions_and_slices_and_names_bad_rows(tmp_path):
     assert len(view) == 13 and view.shape == (13, 2, 2, 4)
     full = cache.rows(ROWS, blocks=[4, 0])
     assert torch.equal(view[torch.tensor([12, 0, 0])], full[[12, 0, 0]])
-    assert torch.equal(view[2:7], full[2:7]) and torch.equal(view.load(), full)
+    assert torch.equal(view[2:7], full[2:7]) and torch.equal(view[:], full)
     assert torch.equal(batched_apply(lambda t: t * 2, view, 5), full * 2)
     with pytest.raises(IndexError, match="row 30 out of range"):
         CachedRows(cache, [0, 30])

@@ -26,9 +26,22 @@ def test_shapes_of_common_timm_names(name, shape):
     assert (s.tokens, s.width, s.depth) == shape
 
 
+def test_a_timm_name_built_at_the_studys_image_size():
+    assert timm_shape("vit_base_patch16_224", img_size=64).tokens == 17  # 4 x 4 patches + CLS
+    assert timm_shape("vit_small_patch14_dinov2.lvd142m", img_size=224).tokens == 257  # size from the study
+
+
 def test_unrecognised_names_are_unknown():
     assert timm_shape("vit_small_patch14_dinov2.lvd142m") is None  # no image size in the name
     assert timm_shape("resnet50") is None
+
+
+def test_a_last_method_without_every_reads_lasts_default_spacing():
+    cfg = base_b16_cfg({})
+    cfg["methods"]["last"].pop("every")
+    cfg["last_grid"]["enabled"] = False
+    assert side_everys(cfg) == [2]  # LAST_DEFAULTS' g = 2, as the method builds it: 7 blocks of 13
+    assert kept_blocks(12, side_everys(cfg)) == [0, 2, 4, 6, 8, 10, 12]
 
 
 def test_kept_blocks_are_what_last_reads():

@@ -2,8 +2,10 @@
 
     python -m tests.steps.memory_probe STEP RESULTS IMAGE_FOLDER SHARDS [STEP RESULTS IMAGE_FOLDER SHARDS ...]
 
-STEP is prepare, features (the `blocks` cache, float16) or train (a LAST shard job, shard 0 of
-SHARDS, from that cache). This process imports torch, timm and the steps once; each step runs in
+STEP is prepare, features (the `blocks` cache, float16), train (a LAST shard job, shard 0 of
+SHARDS, from that cache), fusion_match (that model and a copy matched to it: two shard models),
+fuse (RegMean of the two matched models: Grams over both shards, then the test split) or
+train_private (DP-SGD of the LAST model, bk clipping, shard 0, from the cache). This process imports torch, timm and the steps once; each step runs in
 a child forked from it (as the fork server runs jobs), so every step starts from the same
 resident baseline and its `ru_maxrss` is its own peak. Used by tests/steps/test_memory.py.
 """
@@ -13,6 +15,7 @@ import json
 import os
 import resource
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -26,8 +29,15 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
 
     cfg = folder_config(root, dataset={"source": "imagefolder", "path": str(root), "img_size": 224, "in_chans": 3},
                         features={"dtype": "float16"},
-                        methods={"last": {"kind": "last", "rank": 4, "heads": 2, "every": 1}})  # reads all 5 blocks
+                        methods={"last": {"kind": "last", "rank": 4, "heads": 2, "every": 1}},  # reads all 5 blocks
+                        privacy={"enabled": True, "epsilons": [8], "epochs": 1, "batch_size": 16, "regimes": ["full"]},
+                        shards=[1, 2], fusion={"enabled": True, "shards": [2]})
+    cfg["train"]["eval_batch_size"] = 16  # full test batches at both sizes (30 and 120 test images)
     samples = results / "prepare" / "samples.parquet"
+    common = {"samples": samples, "backbone": results / "pretrain" / "model.safetensors",
+              "features": results / "features" / "blocks" / "features.npy"}
+    wild = {"method": "last", "shards": "2", "seed": "0", "init": "shared", "matching": "rotation"}
+    shard0 = results / "train" / "shard0.safetensors"
     if step == "prepare":
         run_prepare(cfg, results)
         write_backbone(results / "pretrain", img_size=224, patch_size=16, embed_dim=64)
@@ -44,6 +54,39 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
                                           "manifest": manifest, "features": results / "features" / "blocks" / "features.npy"},
                              outputs={"model": out, "record": out.with_suffix(".json")},
                              wildcards={"method": "last", "shards": str(shards), "seed": "0", "shard": "0"}))
+    elif step == "fusion_match":
+        from pipeline_src.steps.fusion import match
+
+        copy = results / "train" / "copy" / "shard1.safetensors"  # a second shard model (the same shard's)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in (".safetensors", ".json"):  # the model and its record
+            copy.with_suffix(suffix).write_bytes(shard0.with_suffix(suffix).read_bytes())
+        args = step_args(cfg, inputs=common, outputs={"models": results / "matched", "metrics": results / "match.parquet"},
+                         wildcards=wild)
+        args.input._names["models"] = [str(shard0), str(copy)]  # a list input, as the rule's
+        match.main(args)
+    elif step == "fuse":
+        from pipeline_src.steps.fusion import fuse
+
+        fused = results / "fused" / "model.safetensors"
+        fuse.main(step_args(cfg, inputs={**common, "models": results / "matched"},
+                            outputs={"model": fused, "metrics": results / "fuse.parquet"},
+                            wildcards={**wild, "fusion": "regmean"}))
+    elif step == "train_private":
+        import torch
+
+        from pipeline_src.dp import private_training
+        from pipeline_src.steps.privacy import train as private_train
+
+        # Replayable coins in this probe only: the peak follows the largest Poisson batch drawn,
+        # which the secret generators would make differ from run to run.
+        coins = iter(range(2))
+        private_training.secret_generator = lambda device: torch.Generator(device).manual_seed(next(coins))
+
+        private_train.main(step_args(cfg, inputs={**common, "manifest": results / "split" / "manifest.parquet"},
+                                     outputs={"model": results / "private" / "model.safetensors"},
+                                     wildcards={"method": "last", "regime": "full", "shards": str(shards), "shard": "0",
+                                                "seed": "0", "eps": "8", "protocol": "ours"}))
     else:
         raise SystemExit(f"unknown step {step}")
 
@@ -56,6 +99,9 @@ def forked_peak(job: tuple[str, Path, Path, int]) -> int:
         os.close(r)
         code = 1
         try:
+            from pipeline_src.runner.execute import job_allocator
+
+            job_allocator()  # glibc's settings of a real job (`runner/execute.py`)
             run_step(*job)
             os.write(w, str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss).encode())
             code = 0
@@ -85,7 +131,13 @@ def main(jobs: list[tuple[str, Path, Path, int]]) -> None:
     torch.set_num_threads(1)
     # Batches full at both dataset sizes compared: a step's memory is then its batch's, whatever the size.
     images.CHUNK, features.BATCH = 32, 32
-    print(json.dumps([forked_peak(job) for job in jobs]))
+    peaks = []
+    for job in jobs:
+        t0 = time.perf_counter()
+        peaks.append(forked_peak(job))
+        print(f"{job[0]} on {job[2].name}: peak RSS {peaks[-1] / 1024:.0f} MB, {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
+    print(json.dumps(peaks))
 
 
 if __name__ == "__main__":

@@ -41,14 +41,14 @@ def test_prepared_images_equal_the_in_memory_decode(prepared):
     assert store.image_array.shape == (18, 3, 8, 8)
     assert np.array_equal(np.load(results / "prepare" / "images.npy", mmap_mode="r"), old.numpy())  # a plain .npy
     ids = store.ids("target", "train")[::-1]
-    assert torch.equal(store.subset(ids).images, old[torch.tensor([store.row_of[i] for i in ids])])
+    assert torch.equal(store.subset(ids).images, old[torch.from_numpy(store.rows(ids))])
 
 
 def test_shard_rows_of_a_last_k_cache_equal_the_old_rows(prepared):
     cfg, results = prepared
     path = run_features(cfg, results, "last1")
     store = SampleStore(results / "prepare" / "samples.parquet")
-    rows = [store.row_of[i] for i in store.ids("target", "train")][::2]
+    rows = list(store.rows(store.ids("target", "train"))[::2])
     old = old_features(cfg, results, lambda b: lambda x: vit_prefix(b, x, len(b.blocks) - 1))
     assert torch.equal(load_rows(path, rows), old[torch.tensor(rows)])
 
@@ -60,7 +60,7 @@ def test_blocks_cache_keeps_only_what_last_reads_and_serves_the_model(prepared):
     path = run_features(cfg, results, "blocks", everys=[2])
     assert np.load(path, mmap_mode="r").shape[1] == 3  # z0, z2, z4 of depth 4: not all 5
     store = SampleStore(results / "prepare" / "samples.parquet")
-    rows = [store.row_of[i] for i in store.ids("target", "test")]
+    rows = list(store.rows(store.ids("target", "test")))
     old = old_features(cfg, results, lambda b: lambda x: torch.stack(extract_features(b, x, every=1), dim=1))
     backbone, _ = load_backbone(results / "pretrain")
     model = build_tuned_model(backbone, cfg["methods"]["last"], 3, 0).eval()
@@ -81,3 +81,24 @@ def test_half_precision_caches_round_each_value_once(prepared, dtype, tol):
     cast = torch.float16 if dtype == "float16" else torch.bfloat16
     assert torch.equal(got, old.to(cast).float())
     assert ((got - old).abs() <= tol * old.abs()).all()  # relative rounding: 2^-11 (fp16), 2^-8 (bf16)
+
+
+def test_blocks_cache_runs_the_backbone_once_per_batch(prepared, monkeypatch):
+    from pipeline_src.last import features as last_features
+    from pipeline_src.steps import features as step
+
+    cfg, results = prepared
+    calls = []
+    real = last_features.extract_features
+    monkeypatch.setattr(last_features, "extract_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(step, "BATCH", 5)  # 18 images: 4 batches
+    path = run_features(cfg, results, "blocks", everys=[1])
+    assert len(calls) == 4  # one backbone pass per batch, not one per kept block (5 here)
+    old = old_features(cfg, results, lambda b: lambda x: torch.stack(extract_features(b, x, every=1), dim=1))
+    assert torch.equal(load_rows(path, list(range(18))), old)
+
+
+def test_the_blocks_cache_defaults_to_lasts_own_spacing(prepared):
+    cfg, results = prepared
+    path = run_features(cfg, results, "blocks", everys=None)  # no LAST setting read: LAST's default g = 2
+    assert np.load(path, mmap_mode="r").shape[1] == 3

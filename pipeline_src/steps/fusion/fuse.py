@@ -23,7 +23,7 @@ from pipeline_src.methods.fusion_models import (
     full_state,
     load_features,
     logits_from,
-    prefix_inputs,
+    prefix_rows,
     prefix_view,
     trained_part,
 )
@@ -43,7 +43,8 @@ def fuse_states(fusion: str, states: list[dict], template: torch.nn.Module,
         fusion: 'soup', 'fisher' or 'regmean'.
         states: `trainable_state()` dicts (matched to one anchor when they come from different inits).
         template: a tuned model (TailFineTune or SideTuned) the states load into.
-        data: per state, (prefix features, labels) of its training shard; None for 'soup'.
+        data: per state, (prefix features, labels) of its training shard: tensors, or views read a
+            slice at a time (`prefix_rows`); None for 'soup'.
         regmean_alpha: RegMean's off-diagonal scaling.
     """
     wrapper = prefix_view(template)
@@ -67,6 +68,7 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     features = load_features(args.input._names.get("features"))
 
+    eval_batch = cfg["train"]["eval_batch_size"]
     t0 = time.perf_counter()
     data = None
     if fusion != "soup":
@@ -74,15 +76,16 @@ def main(args: StepArgs) -> None:
         data = []
         for r in records:
             ids = r["sample_ids"][:cap]  # sorted ids: the first `cap` of the shard
-            data.append((prefix_inputs(template, store, ids, features, backbone_record, device),
+            # a view read per statistics batch: the Fisher and the Grams are sums over batches
+            data.append((prefix_rows(template, store, ids, features, backbone_record, device, eval_batch),
                          store.subset(ids).labels.to(device)))
     states = [{k: v.to(device) for k, v in s.items()} for s in states]
     fused = fuse_states(fusion, states, template, data, cfg["fusion"]["regmean_alpha"])
     seconds = time.perf_counter() - t0
 
     test = store.split("target", "test")
-    h = prefix_inputs(template, store, test.ids, features, backbone_record, device, cfg["train"]["eval_batch_size"])
-    values = classification_metrics(logits_from(template, fused, h), test.labels)
+    h = prefix_rows(template, store, test.ids, features, backbone_record, device, eval_batch)
+    values = classification_metrics(logits_from(template, fused, h, eval_batch), test.labels)
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
                    kind=first["method_config"]["kind"], model=f"fusion-{fusion}",
                    variant=variant(cfg, init, matching), shards=int(w["shards"]), shard_id=None, seed=seed,

@@ -22,11 +22,11 @@ from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.fusion_models import (
     chosen_blocks,
     load_features,
-    logits_from,
+    logits_of_states,
     match_state,
     matchable_keys,
     num_heads_of,
-    prefix_inputs,
+    prefix_rows,
 )
 from pipeline_src.methods.kinds import matches_ffn
 from pipeline_src.methods.registry import build_tuned_model
@@ -55,33 +55,39 @@ def main(args: StepArgs) -> None:
 
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
-    h = prefix_inputs(template, store, test.ids, load_features(args.input._names.get("features")),
-                      backbone_record, device, cfg["train"]["eval_batch_size"])
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"], kind=kind,
                    model="fusion-shard", variant=variant(cfg, init, matching), shards=int(w["shards"]), seed=seed)
-    rows = []
     all_keys = [k for k, v in anchor.items() if v.is_floating_point()]
     match_keys = matchable_keys(anchor, kind, blocks, fus["match_ffn"])
-    out_dir = Path(args.output.models)
-    for i, (state, record) in enumerate(zip(states, records)):
+    matched, seconds = [], []
+    for i, state in enumerate(states):
         t0 = time.perf_counter()
-        matched = dict(state) if i == 0 else match_state(anchor, state, matching=matching, kind=kind,
-                                                         num_heads=heads, blocks=blocks, ffn=ffn, model=template)
-        seconds = time.perf_counter() - t0
-        before, after = logits_from(template, state, h), logits_from(template, matched, h)
+        matched.append(dict(state) if i == 0 else match_state(anchor, state, matching=matching, kind=kind,
+                                                             num_heads=heads, blocks=blocks, ffn=ffn, model=template))
+        seconds.append(time.perf_counter() - t0)
+    # One pass over the test split, a batch at a time, for every model before and after matching.
+    eval_batch = cfg["train"]["eval_batch_size"]
+    h = prefix_rows(template, store, test.ids, load_features(args.input._names.get("features")), backbone_record,
+                    device, eval_batch)
+    logits = logits_of_states(template, [*states, *matched], h, eval_batch)
+    rows = []
+    out_dir = Path(args.output.models)
+    for i, record in enumerate(records):
+        before, after = logits[i], logits[len(states) + i]
         values = {**classification_metrics(after, test.labels),
                   "logits_max_change": float((after - before).abs().max() / before.abs().max())}
         rows += metric_rows(values, context={**context, "shard_id": i, "split": "test", "num_samples": len(test.ids)},
-                            device=device, wall_time_s=seconds)
+                            device=device, wall_time_s=seconds[i])
         if i > 0:
-            dist = {"anchor_distance": parameter_distance(anchor, matched, all_keys),
-                    "anchor_distance_matchable": parameter_distance(anchor, matched, match_keys),
-                    "match_time_s": seconds}
+            dist = {"anchor_distance": parameter_distance(anchor, matched[i], all_keys),
+                    "anchor_distance_matchable": parameter_distance(anchor, matched[i], match_keys),
+                    "match_time_s": seconds[i]}
             rows += metric_rows(dist, context={**context, "shard_id": i, "split": "params",
-                                               "num_samples": record["num_samples"]}, device=device, wall_time_s=seconds)
-        save_model(matched, {**record, "kind": "matched", "matching": matching, "init": init, "matched_blocks": blocks,
-                             "match_ffn": ffn, "anchor": args.input.models[0], "source": args.input.models[i]},
-                   out_dir / f"shard{i}.safetensors")
-        print(f"{w['method']} {init} n{w['shards']} shard {i}: {matching} in {seconds:.3f} s, "
+                                               "num_samples": record["num_samples"]}, device=device,
+                                wall_time_s=seconds[i])
+        save_model(matched[i], {**record, "kind": "matched", "matching": matching, "init": init,
+                                "matched_blocks": blocks, "match_ffn": ffn, "anchor": args.input.models[0],
+                                "source": args.input.models[i]}, out_dir / f"shard{i}.safetensors")
+        print(f"{w['method']} {init} n{w['shards']} shard {i}: {matching} in {seconds[i]:.3f} s, "
               + ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
     write_metrics(rows, args.output.metrics)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import time
 
-from pipeline_src.data.feature_cache import CachedRows
-from pipeline_src.data.sample_store import StoredImages
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
@@ -51,9 +49,9 @@ def main(args: StepArgs) -> None:
     job = load_job(args, method_cfg)  # seeds the job, loads the backbone and the samples store
     model = job.new_model()  # the same head init as the non-private study, and in every shard
     t0 = time.perf_counter()
+    # A view read per batch (CachedRows, or StoredImages running the prefix without a cache): each
+    # Poisson batch (DP-SGD) or micro-batch (full-batch DP-GD) reads only its rows.
     ids, features, labels = job.shard_data(model, shard)
-    if isinstance(features, (CachedRows, StoredImages)):  # Opacus samples from a TensorDataset: the shard's
-        features = features.load()  # features in float32
     method_flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trained = select_trainable(model, method_cfg["kind"], regime, cfg["privacy"]["train_head"])
     desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard} ({w['protocol']} protocol)"
