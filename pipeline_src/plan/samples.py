@@ -13,7 +13,8 @@ that every fine-tuning method trains on. Splits are the layout's own when it giv
 they come from a keyed hash of each sample id (seeded, stratified in expectation), so the same
 config always gives the same table and new samples never move old ones. `dataset.limit_per_class`
 keeps at most that many samples per class and split, the ones with the smallest keyed hash: a
-subset of the same study, the same for every run.
+subset of the same study, the same for every run (`dataset.source_limit_per_class` likewise for the
+source classes, so the backbone can keep its pretraining data while the target task shrinks).
 """
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def source_class_names(dataset_cfg: dict, order: list[str]) -> set[str]:
 def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> SampleList:
     """The samples the study uses, each with its split: the layout's splits as given, or drawn
     from a keyed hash of the sample id (val from train when the source gives train/test only);
-    then at most `dataset.limit_per_class` per class and split. Idempotent, so `prepare` and the
+    then at most `dataset.limit_per_class` per target class and split, and
+    `dataset.source_limit_per_class` per source class and split. Idempotent, so `prepare` and the
     parse-time table select the same samples.
 
     The split of a drawn sample: u = keyed_unit(id, 'split/<seed>'), test if u < test_fraction,
@@ -123,14 +125,17 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
         else:
             split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     out = replace(samples, splits=split.tolist(), val_from_train=False)
-    limit = dataset_cfg.get("limit_per_class")
-    if not limit:
+    limits = {"target": dataset_cfg.get("limit_per_class"), "source": dataset_cfg.get("source_limit_per_class")}
+    if not any(limits.values()):
         return out
+    source = source_class_names(dataset_cfg, samples.class_order or _class_order(samples.class_names))
+    limit_of = {c: limits["source" if c in source else "target"] or len(split) for c in set(samples.class_names)}
     u = np.array([keyed_unit(i, f"limit/{seed}") for i in samples.sample_ids])
-    groups = np.unique(np.array([f"{c}\0{s}" for c, s in zip(samples.class_names, split)]), return_inverse=True)[1]
+    names, groups = np.unique(np.array([f"{c}\0{s}" for c, s in zip(samples.class_names, split)]), return_inverse=True)
+    cap = np.array([limit_of[n.split("\0")[0]] for n in names])[groups]
     order = np.lexsort((u, groups))  # by group, then by hash
     first = np.searchsorted(groups[order], groups[order], side="left")
-    keep = np.sort(order[np.arange(len(order)) - first < limit])  # listing order kept
+    keep = np.sort(order[np.arange(len(order)) - first < cap[order]])  # listing order kept
     return out.pick(keep.tolist())
 
 
@@ -186,8 +191,9 @@ def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> 
         line += "; train/test as given, val drawn from train"
     elif samples.splits is not None:
         line += "; splits as given"
-    if dataset_cfg.get("limit_per_class"):
-        line += f"; at most {dataset_cfg['limit_per_class']} per class and split (dataset.limit_per_class)"
+    for key, task in (("limit_per_class", "target"), ("source_limit_per_class", "source")):
+        if dataset_cfg.get(key):
+            line += f"; at most {dataset_cfg[key]} per {task} class and split (dataset.{key})"
     if samples.corrupt:
         line += f"; {len(samples.corrupt)} corrupt images skipped (e.g. {samples.corrupt[0][0]})"
     if samples.paths is not None and layout != "manifest":
