@@ -13,8 +13,14 @@ import pytest
 
 from pipeline_src.plan import idx_files
 from pipeline_src.plan.config import ConfigError, validate_config
-from pipeline_src.plan.idx_files import (IdxBadMagic, IdxCountMismatch, IdxMissingFile, IdxTruncated, list_idx,
-                                         read_split)
+from pipeline_src.plan.idx_files import (
+    IdxBadMagic,
+    IdxCountMismatch,
+    IdxMissingFile,
+    IdxTruncated,
+    list_idx,
+    read_split,
+)
 from pipeline_src.plan.samples import assign_splits, list_samples, split_and_limit
 
 FASHION = Path(idx_files.DEFAULT_PATH)
