@@ -142,6 +142,10 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
     shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule"}
     for key, message in schedule_errors(cfg["train"]["schedule"], cfg["train"]["epochs"]):
         raise ConfigError(f"config key '{key}': {message}")
+    pretrain = cfg["backbone"]["pretrain"]
+    if "schedule" in pretrain:
+        for key, message in schedule_errors(pretrain["schedule"], pretrain["epochs"], "backbone.pretrain.schedule"):
+            raise ConfigError(f"config key '{key}': {message}")
     for name, method in cfg["methods"].items():
         for key in method:
             if key not in shared and key not in kind_keys[method["kind"]]:

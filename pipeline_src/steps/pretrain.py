@@ -42,7 +42,8 @@ def main(args: StepArgs) -> None:
     x = StoredImages(store, train.ids, mean, std, device)  # each batch read and converted when drawn
     p = cfg["backbone"]["pretrain"]
     stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
-                batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain")
+                batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain",
+                schedule=p.get("schedule"))
     model.eval()
     logits = store.apply(model, test.ids, mean, std, device, batch_size=cfg["train"]["eval_batch_size"]).cpu()
     acc = (logits.argmax(-1) == test.labels).double().mean().item()
