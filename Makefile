@@ -1,6 +1,9 @@
 # Two commands do all the set-up:
 #   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
+# and one for the real-data study (README "The Fashion-MNIST study"):
+#   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
+#                        then run studies/fashion_mnist.yaml
 # and three for the pinned environment (README "Pinned environment"):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
@@ -20,7 +23,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study test install check-lock lock lock-upgrade conda-env golden clean-results
+.PHONY: study study-fashion test install check-lock lock lock-upgrade conda-env golden clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +39,17 @@ check-lock: install
 
 study: install
 	$(BIN)/snakemake --cores $(CORES)
+
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+study-fashion: install
+	@if [ ! -f $(FASHION_MNIST) ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y dataset-fashion-mnist; \
+		else echo "Fashion-MNIST is not installed. Run:"; \
+			echo "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"; \
+			echo "then: make study-fashion"; exit 1; fi; \
+	fi
+	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
 
 test: check-lock
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder

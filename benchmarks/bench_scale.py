@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows  # noqa: E402
 
 EVAL_BATCH = 64  # images per evaluation batch: full at every size benchmarked (see the docstring)
-PEAK = re.compile(r"^\[launch\] peak RSS ([\d.]+) MB, wall ([\d.]+) s$", re.M)
+PEAK = re.compile(r"^\[launch\] peak RSS ([\d.]+) MB, wall ([\d.]+) s(?:, cpu [\d.]+ s)?$", re.M)
 
 
 def make_image_folder(root: Path, n: int, size: int = 224, classes: int = 10, seed: int = 0) -> None:

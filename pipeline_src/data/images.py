@@ -42,11 +42,45 @@ def decode_image(path: str, size: int, chans: int, sample_id: str) -> np.ndarray
     return arr.reshape(size, size, chans).transpose(2, 0, 1)
 
 
+def _resize(block: np.ndarray, size: int, chans: int) -> np.ndarray:
+    """uint8 (B, H, W) grey images → uint8 (B, chans, size, size), resized as `decode_image` does (PIL bilinear)."""
+    from PIL import Image
+
+    if block.shape[1:] != (size, size):
+        block = np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR)) for im in block])
+    return np.repeat(block[:, None], chans, axis=1)
+
+
+def _idx_blocks(samples: SampleList, dataset_cfg: dict, size: int, chans: int):
+    """The listed samples' images from the IDX files, in listing order, CHUNK rows of the file at a
+    time (streamed from the gzip stream: never the whole file). `source_rows` number the train
+    file's images first, then the test file's, ascending as `list_idx` lists them."""
+    from pipeline_src.plan.idx_files import DEFAULT_PATH, IMAGES_MAGIC, PREFIXES, find_file, image_blocks, read_header
+
+    wanted = np.asarray(samples.source_rows, dtype=np.int64)
+    if len(wanted) > 1 and (np.diff(wanted) <= 0).any():
+        raise ValueError("idx samples must be listed in file order")
+    offset = 0
+    for split in ("train", "test"):
+        header = read_header(find_file(dataset_cfg.get("path") or DEFAULT_PATH, PREFIXES[split], "images-idx3"),
+                             IMAGES_MAGIC)
+        n = header.dims[0]
+        mine = wanted[(wanted >= offset) & (wanted < offset + n)] - offset
+        if len(mine):
+            for start, block in image_blocks(header, CHUNK):
+                pick = mine[(mine >= start) & (mine < start + len(block))] - start
+                if len(pick):
+                    yield _resize(block[pick], size, chans)
+                if start + len(block) > mine[-1]:
+                    break  # the rest of the file holds no listed image
+        offset += n
+
+
 def write_images(samples: SampleList, dataset_cfg: dict, path: str | Path, threads: int = 1) -> tuple[int, ...]:
     """Decode and resize every image into `path` (uint8 .npy, (N, C, img_size, img_size)), atomically.
 
     Args:
-        samples: the listing (paths None for digits).
+        samples: the listing (paths None for digits and idx, which read `source_rows` of their source).
         dataset_cfg: the `dataset` config (img_size, in_chans).
         path: destination `.npy`.
         threads: decoding threads (PIL releases the GIL while decoding and resizing).
@@ -58,8 +92,12 @@ def write_images(samples: SampleList, dataset_cfg: dict, path: str | Path, threa
     n = len(samples.sample_ids)
     writer = NpyWriter(path, (n, chans, size, size), np.uint8)
     try:
-        if samples.paths is None:
-            writer.write(0, _digits(size, chans))
+        if dataset_cfg["source"] == "idx":
+            for block in _idx_blocks(samples, dataset_cfg, size, chans):
+                writer.write(writer.rows_written, block)
+        elif samples.paths is None:
+            rows = samples.source_rows if samples.source_rows is not None else slice(None)
+            writer.write(0, _digits(size, chans)[rows])
         else:
             with ThreadPoolExecutor(max(1, threads)) as pool:
                 for start in range(0, n, CHUNK):
@@ -77,8 +115,12 @@ def write_images(samples: SampleList, dataset_cfg: dict, path: str | Path, threa
 def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
     """Every image decoded in memory, uint8 (N, C, img_size, img_size): for small datasets and tests."""
     size, chans = dataset_cfg["img_size"], dataset_cfg["in_chans"]
+    if dataset_cfg["source"] == "idx":
+        blocks = list(_idx_blocks(samples, dataset_cfg, size, chans))
+        return torch.from_numpy(np.concatenate(blocks) if blocks else np.empty((0, chans, size, size), np.uint8))
     if samples.paths is None:
-        return torch.from_numpy(_digits(size, chans))
+        rows = samples.source_rows if samples.source_rows is not None else slice(None)
+        return torch.from_numpy(np.ascontiguousarray(_digits(size, chans)[rows]))
     if not samples.paths:
         return torch.empty((0, chans, size, size), dtype=torch.uint8)
     return torch.from_numpy(np.stack([decode_image(p, size, chans, i)

@@ -133,10 +133,19 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
     elif cfg["dataset"]["layout"] != "folders" or cfg["dataset"]["skip_corrupt"]:
         key = "layout" if cfg["dataset"]["layout"] != "folders" else "skip_corrupt"
         raise ConfigError(f"config key 'dataset.{key}': only for dataset.source 'imagefolder'")
+    if cfg["dataset"]["source"] == "idx":
+        _check_idx(cfg["dataset"])
+    elif cfg["dataset"]["class_names"]:
+        raise ConfigError("config key 'dataset.class_names': only for dataset.source 'idx' (other sources name "
+                          "their classes: digits by their digit, image folders by their folder or label)")
     kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
     shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule"}
     for key, message in schedule_errors(cfg["train"]["schedule"], cfg["train"]["epochs"]):
         raise ConfigError(f"config key '{key}': {message}")
+    pretrain = cfg["backbone"]["pretrain"]
+    if "schedule" in pretrain:
+        for key, message in schedule_errors(pretrain["schedule"], pretrain["epochs"], "backbone.pretrain.schedule"):
+            raise ConfigError(f"config key '{key}': {message}")
     for name, method in cfg["methods"].items():
         for key in method:
             if key not in shared and key not in kind_keys[method["kind"]]:
@@ -198,6 +207,21 @@ def _check_dataset_path(dataset_cfg: dict, cache_dir: str | Path | None) -> None
             raise ConfigError(f"config key 'dataset.path': a manifest is a {' or '.join(MANIFEST_SUFFIXES)} file: {path}")
     elif not path or not Path(path).is_dir():
         raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {path}")
+
+
+def _check_idx(dataset_cfg: dict) -> None:
+    """IDX files (`plan/idx_files.py`): every file there, with the right magic number, its data as
+    long as its header says, as many labels as images; `dataset.path` defaults to Debian's
+    Fashion-MNIST (filled in here, so the signatures name the files read)."""
+    from pipeline_src.plan.idx_files import DEFAULT_PATH, IdxError, list_idx
+
+    dataset_cfg["path"] = dataset_cfg["path"] or DEFAULT_PATH
+    try:
+        list_idx(dataset_cfg)  # checks both splits' files; the labels are read once per parse (cached headers)
+    except IdxError as e:
+        raise ConfigError(f"config key 'dataset.path': {type(e).__name__}: {e}") from None
+    except ValueError as e:  # class names that do not fit the labels
+        raise ConfigError(str(e)) from None
 
 
 def check_cache_budget(cfg: dict) -> list[str]:

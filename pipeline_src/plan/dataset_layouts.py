@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -33,6 +33,15 @@ class SampleList:
     empty_classes: list[str] = field(default_factory=list)  # class folders without an image
     splits: list[str] | None = None  # per sample, when the layout gives them; None: keyed-hash split
     corrupt: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) dropped by skip_corrupt
+    source_rows: list[int] | None = None  # per sample, its row in the source's own arrays (digits, idx)
+    class_order: list[str] | None = None  # label order of the classes, when the source fixes one (idx)
+    val_from_train: bool = False  # given splits are train/test; val is drawn from train by the keyed hash (idx)
+
+    def pick(self, keep: list[int]) -> SampleList:
+        """The listing of only these samples (positions, in order); what was skipped stays recorded."""
+        sel = (lambda xs: None if xs is None else [xs[k] for k in keep])
+        return replace(self, sample_ids=sel(self.sample_ids), class_names=sel(self.class_names), paths=sel(self.paths),
+                       splits=sel(self.splits), source_rows=sel(self.source_rows))
 
 
 def _class_folders(root: Path, id_prefix: str) -> tuple[dict[str, list[tuple[str, str]]], list[str]]:

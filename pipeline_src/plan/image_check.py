@@ -15,6 +15,7 @@ import json
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline_src.plan.dataset_layouts import SampleList
@@ -94,6 +95,4 @@ def drop_corrupt(samples: SampleList) -> SampleList:
     if not bad:
         return samples
     keep = [k for k, p in enumerate(samples.paths) if p not in bad]
-    pick = (lambda xs: None if xs is None else [xs[k] for k in keep])
-    return SampleList(pick(samples.sample_ids), pick(samples.class_names), pick(samples.paths), samples.skipped,
-                      samples.empty_classes, pick(samples.splits), sorted(bad.items()))
+    return replace(samples.pick(keep), corrupt=sorted(bad.items()))

@@ -1,25 +1,32 @@
 """Datasets: the samples table (stable sample ids, task, split, label) and its images.
 
-Two sources share one code path after listing:
+Three sources share one code path after listing:
 - `digits`: scikit-learn's `load_digits` (ships with the package, so the default runs offline);
 - `imagefolder`: image files on disk, in one of the layouts of `dataset_layouts.py` (class
-  folders, split folders, or a CSV/Parquet manifest).
+  folders, split folders, or a CSV/Parquet manifest);
+- `idx`: MNIST-family IDX files (`idx_files.py`; Fashion-MNIST from Debian by default), the
+  official train/test split kept and val drawn from train.
 
 Classes in `dataset.source_classes` form the *source* task (used to pretrain the embedded
 backbone); the remaining classes, relabelled 0..K-1 in sorted order, form the *target* task
 that every fine-tuning method trains on. Splits are the layout's own when it gives them, else
 they come from a keyed hash of each sample id (seeded, stratified in expectation), so the same
-config always gives the same table and new samples never move old ones.
+config always gives the same table and new samples never move old ones. `dataset.limit_per_class`
+keeps at most that many samples per class and split, the ones with the smallest keyed hash: a
+subset of the same study, the same for every run (`dataset.source_limit_per_class` likewise for the
+source classes, so the backbone can keep its pretraining data while the target task shrinks).
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_splits
+from pipeline_src.plan.idx_files import list_idx
 from pipeline_src.plan.image_check import drop_corrupt
 from pipeline_src.plan.sharding import keyed_unit
 
@@ -53,7 +60,10 @@ def list_samples(dataset_cfg: dict) -> SampleList:
     (`image_check.py`)."""
     if dataset_cfg["source"] == "digits":
         y = digits_labels()
-        return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None)
+        return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None,
+                          source_rows=list(range(len(y))))
+    if dataset_cfg["source"] == "idx":
+        return list_idx(dataset_cfg)
     samples = LAYOUTS[dataset_cfg.get("layout", "folders")](dataset_cfg)
     if dataset_cfg.get("skip_corrupt", False):
         before = set(samples.class_names)
@@ -73,37 +83,83 @@ def _class_order(names: list[str]) -> list[str]:
     return sorted(uniq, key=int) if all(n.isdigit() for n in uniq) else sorted(uniq)
 
 
-def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table:
-    """Build the samples table: task, split and label per sample.
-
-    Splits given by the layout (`samples.splits`) are used as they are. Otherwise the split of a
-    sample is a function of its own id: u = keyed_unit(id, 'split/<seed>'),
-    test if u < test_fraction, val if u < test_fraction + val_fraction, else train. So the
-    fractions hold per class in expectation, and adding or removing a sample never moves
-    another one between splits (or shards: `sharding`).
-    """
-    source = {str(c) for c in dataset_cfg["source_classes"]}
-    order = _class_order(samples.class_names)
-    unknown = source - set(order)
+def source_class_names(dataset_cfg: dict, order: list[str]) -> set[str]:
+    """The names of `dataset.source_classes`: a name as given; an integer is a label, named by
+    `dataset.class_names` when the source has names (idx), else its own string (digits, a folder "3")."""
+    names = dataset_cfg.get("class_names") or []
+    out = set()
+    for c in dataset_cfg["source_classes"]:
+        if isinstance(c, int) and names:
+            if not 0 <= c < len(names):
+                raise ValueError(f"config key 'dataset.source_classes': label {c} is not one of 0..{len(names) - 1}")
+            out.add(names[c])
+        else:
+            out.add(str(c))
+    unknown = out - set(order)
     if unknown:
-        raise ValueError(f"dataset.source_classes: classes {sorted(unknown)} not in the dataset")
+        raise ValueError(f"config key 'dataset.source_classes': classes {sorted(unknown)} not in the dataset "
+                         f"(classes: {order})")
+    return out
+
+
+def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> SampleList:
+    """The samples the study uses, each with its split: the layout's splits as given, or drawn
+    from a keyed hash of the sample id (val from train when the source gives train/test only);
+    then at most `dataset.limit_per_class` per target class and split, and
+    `dataset.source_limit_per_class` per source class and split. Idempotent, so `prepare` and the
+    parse-time table select the same samples.
+
+    The split of a drawn sample: u = keyed_unit(id, 'split/<seed>'), test if u < test_fraction,
+    val if u < test_fraction + val_fraction, else train (for val drawn from train: val if
+    u < val_fraction). The limit keeps the samples with the smallest keyed_unit(id, 'limit/<seed>').
+    """
+    test_end = dataset_cfg["test_fraction"]
+    val_end = test_end + dataset_cfg["val_fraction"]
+    if samples.splits is not None and not samples.val_from_train:  # the layout's own splits
+        split = np.array(samples.splits, dtype=object)
+    else:
+        u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
+        if samples.val_from_train:
+            given = np.array(samples.splits, dtype=object)
+            split = np.where((given == "train") & (u < dataset_cfg["val_fraction"]), "val", given).astype(object)
+        else:
+            split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
+    out = replace(samples, splits=split.tolist(), val_from_train=False)
+    limits = {"target": dataset_cfg.get("limit_per_class"), "source": dataset_cfg.get("source_limit_per_class")}
+    if not any(limits.values()):
+        return out
+    source = source_class_names(dataset_cfg, samples.class_order or _class_order(samples.class_names))
+    limit_of = {c: limits["source" if c in source else "target"] or len(split) for c in set(samples.class_names)}
+    u = np.array([keyed_unit(i, f"limit/{seed}") for i in samples.sample_ids])
+    names, groups = np.unique(np.array([f"{c}\0{s}" for c, s in zip(samples.class_names, split)]), return_inverse=True)
+    cap = np.array([limit_of[n.split("\0")[0]] for n in names])[groups]
+    order = np.lexsort((u, groups))  # by group, then by hash
+    first = np.searchsorted(groups[order], groups[order], side="left")
+    keep = np.sort(order[np.arange(len(order)) - first < cap[order]])  # listing order kept
+    return out.pick(keep.tolist())
+
+
+def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table:
+    """Build the samples table of the samples `split_and_limit` selects: task, split and label.
+
+    Source classes (`dataset.source_classes`) form the source task, the others the target task;
+    each task's labels follow the source's class order (idx: its labels; else numeric names
+    numerically, other names alphabetically).
+    """
+    samples = split_and_limit(samples, dataset_cfg, seed)
+    order = samples.class_order or _class_order(samples.class_names)
+    order = [c for c in order if c in set(samples.class_names)]
+    source = source_class_names(dataset_cfg, order)
     labels_of = {t: {c: i for i, c in enumerate(c for c in order if (c in source) == (t == "source"))}
                  for t in ("source", "target")}
     n = len(samples.sample_ids)
     task = np.array(["source" if c in source else "target" for c in samples.class_names])
-    test_end = dataset_cfg["test_fraction"]
-    val_end = test_end + dataset_cfg["val_fraction"]
-    if samples.splits is not None:  # the layout's own splits, used as given
-        split = np.array(samples.splits, dtype=object)
-    else:
-        u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
-        split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     label = [labels_of[t][c] for t, c in zip(task, samples.class_names)]
     return pa.Table.from_pydict({
         "sample_id": samples.sample_ids,
         "row": np.arange(n, dtype=np.int64),
         "task": task.tolist(),
-        "split": split.tolist(),
+        "split": samples.splits,
         "label": label,
         "class_name": samples.class_names,
     }, schema=SAMPLES_SCHEMA)
@@ -111,9 +167,9 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
 
 def count_train_samples(cfg: dict) -> int:
     """Number of target-task training samples the config yields (no image decoding)."""
-    samples = list_samples(cfg["dataset"])
-    table = assign_splits(samples, cfg["dataset"], cfg["seed"])
-    print(dataset_summary(cfg["dataset"], samples, table), file=sys.stderr)  # shown at validation
+    listed = list_samples(cfg["dataset"])
+    table = assign_splits(listed, cfg["dataset"], cfg["seed"])
+    print(dataset_summary(cfg["dataset"], listed, table), file=sys.stderr)  # shown at validation
     task, split = table.column("task").to_pylist(), table.column("split").to_pylist()
     return sum(t == "target" and s == "train" for t, s in zip(task, split))
 
@@ -121,17 +177,23 @@ def count_train_samples(cfg: dict) -> int:
 def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> str:
     """One line: classes and images per task and split, and what listing skipped or dropped."""
     rows = list(zip(table.column("task").to_pylist(), table.column("split").to_pylist()))
+    names = table.column("class_name").to_pylist()
     parts = []
     for task in ("target", "source"):
-        n_classes = len({c for c, (t, _) in zip(samples.class_names, rows) if t == task})
+        n_classes = len({c for c, (t, _) in zip(names, rows) if t == task})
         if n_classes:
             counts = "/".join(str(sum(r == (task, s) for r in rows)) for s in ("train", "val", "test"))
             parts.append(f"{task} {n_classes} classes, train/val/test {counts} images")
     layout = dataset_cfg.get("layout", "folders")
     name = dataset_cfg["source"] + ("" if samples.paths is None or layout == "folders" else f" ({layout})")
     line = f"dataset {name}: {len(set(samples.class_names))} classes; " + "; ".join(parts)
-    if samples.splits is not None:
+    if samples.val_from_train:
+        line += "; train/test as given, val drawn from train"
+    elif samples.splits is not None:
         line += "; splits as given"
+    for key, task in (("limit_per_class", "target"), ("source_limit_per_class", "source")):
+        if dataset_cfg.get(key):
+            line += f"; at most {dataset_cfg[key]} per {task} class and split (dataset.{key})"
     if samples.corrupt:
         line += f"; {len(samples.corrupt)} corrupt images skipped (e.g. {samples.corrupt[0][0]})"
     if samples.paths is not None and layout != "manifest":

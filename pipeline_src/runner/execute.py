@@ -39,13 +39,14 @@ def execute(step: str, args: StepArgs) -> int:
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
     job_allocator()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)
         # The exact peak (Snakemake's benchmark files sample it and can miss short peaks);
-        # benchmarks/bench_scale.py reads this line. Not after a failure: the error stays last.
+        # benchmarks/bench_scale.py reads this line. The CPU seconds (all threads) tell a busy
+        # machine's wall time from the work itself. Not after a failure: the error stays last.
         print(f"[launch] peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB, "
-              f"wall {time.perf_counter() - t0:.2f} s", flush=True)
+              f"wall {time.perf_counter() - t0:.2f} s, cpu {time.process_time() - cpu0:.2f} s", flush=True)
         return 0
     except Exception:
         traceback.print_exc()

@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline_src.data.images import write_images
 from pipeline_src.data.sample_store import IMAGES_FILE
 from pipeline_src.plan.image_check import use_cache_dir
-from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.samples import assign_splits, list_samples, split_and_limit
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.atomic import write_parquet, write_text
 
@@ -34,7 +34,7 @@ def main(args: StepArgs) -> None:
     cfg = args.config
     out_dir = Path(args.output.samples).parent
     use_cache_dir(out_dir / ".plan_cache")  # the verdicts the DAG was built with (skip_corrupt)
-    samples = list_samples(cfg["dataset"])
+    samples = split_and_limit(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])  # what images.npy holds
     table = assign_splits(samples, cfg["dataset"], cfg["seed"])
     if cfg["dataset"]["skip_corrupt"]:
         write_corrupt_table(samples.corrupt, out_dir / CORRUPT_FILE)

@@ -42,11 +42,18 @@ def main(args: StepArgs) -> None:
     x = StoredImages(store, train.ids, mean, std, device)  # each batch read and converted when drawn
     p = cfg["backbone"]["pretrain"]
     stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
-                batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain")
+                batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain",
+                schedule=p.get("schedule"))
     model.eval()
     logits = store.apply(model, test.ids, mean, std, device, batch_size=cfg["train"]["eval_batch_size"]).cpu()
     acc = (logits.argmax(-1) == test.labels).double().mean().item()
-    print(f"pretrained on {len(train.ids)} source samples: source test accuracy {acc:.4f}")
+    val = store.split("source", "val")
+    val_acc = float("nan")
+    if val.ids:  # the figure a backbone is chosen by (the test figure stays for the report)
+        val_logits = store.apply(model, val.ids, mean, std, device, batch_size=cfg["train"]["eval_batch_size"]).cpu()
+        val_acc = (val_logits.argmax(-1) == val.labels).double().mean().item()
+    print(f"pretrained on {len(train.ids)} source samples: source val accuracy {val_acc:.4f}, "
+          f"source test accuracy {acc:.4f}")
     save_backbone(model.cpu(), {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain"},
                   args.output.model.rsplit("/", 1)[0])
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method="pretrain", kind="pretrain",

@@ -78,3 +78,17 @@ def test_config_validation_names_the_schedule_key():
     ok = copy.deepcopy(tiny)
     ok["methods"]["fc"].update(epochs=30, schedule={"name": "step", "milestones": [15, 25]})  # TAFT App. A
     assert validate_config(ok, count_samples=False)["methods"]["fc"]["schedule"]["factor"] == 0.1
+
+
+def test_pretrain_schedule_is_optional_and_checked():
+    from pipeline_src.plan.config import ConfigError, validate_config
+
+    base = {"experiment": "x", "methods": {"fc": {"kind": "fc"}}, "shards": [1], "dataset": {"source_classes": [0]}}
+    assert "schedule" not in validate_config(base, count_samples=False)["backbone"]["pretrain"]  # constant, as before
+    cos = validate_config({**base, "backbone": {"pretrain": {"epochs": 10, "schedule": {"name": "cosine"}}}},
+                          count_samples=False)
+    assert cos["backbone"]["pretrain"]["schedule"]["min_factor"] == 0.0  # train.schedule's defaults filled in
+    with pytest.raises(ConfigError, match=r"config key 'backbone.pretrain.schedule.milestones'"):
+        validate_config({**base, "backbone": {"pretrain": {"epochs": 10, "schedule": {"name": "step",
+                                                                                      "milestones": [12]}}}},
+                        count_samples=False)

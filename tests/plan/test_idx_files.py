@@ -1,0 +1,226 @@
+"""The IDX reader (`dataset.source: idx`) against hand-made IDX files, good and bad, and against
+Debian's Fashion-MNIST when it is installed (`apt-get install dataset-fashion-mnist`; required,
+not skipped, when PIPELINE_REQUIRE_FASHION_MNIST=1, as in CI)."""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline_src.plan import idx_files
+from pipeline_src.plan.config import ConfigError, validate_config
+from pipeline_src.plan.idx_files import (
+    IdxBadMagic,
+    IdxCountMismatch,
+    IdxMissingFile,
+    IdxTruncated,
+    list_idx,
+    read_split,
+)
+from pipeline_src.plan.samples import assign_splits, list_samples, split_and_limit
+
+FASHION = Path(idx_files.DEFAULT_PATH)
+NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+
+def idx_bytes(array: np.ndarray, magic: int | None = None) -> bytes:
+    """An IDX file written from the format's definition: 0, 0, type 0x08, ndim, big-endian dims, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) if magic is None else struct.pack(">I", magic)
+    return header + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+
+
+def write(path: Path, data: bytes, gz: bool) -> None:
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
+
+
+def make_idx(root: Path, n_train: int = 30, n_test: int = 12, classes: int = 3, gz: bool = True,
+             rows: int = 5, cols: int = 4) -> dict[str, np.ndarray]:
+    """Both splits' files with random images and labels cycling over `classes`; returns the arrays."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    out = {}
+    for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
+        images = rng.integers(0, 256, (n, rows, cols), dtype=np.uint8)
+        labels = (np.arange(n) % classes).astype(np.uint8)
+        write(root / f"{prefix}-images-idx3-ubyte", idx_bytes(images), gz)
+        write(root / f"{prefix}-labels-idx1-ubyte", idx_bytes(labels), gz)
+        out[f"{split}_images"], out[f"{split}_labels"] = images, labels
+    return out
+
+
+def idx_cfg(root: Path, **kw) -> dict:
+    return {"source": "idx", "path": str(root), "img_size": 4, "in_chans": 1, "val_fraction": 0.2,
+            "test_fraction": 0.3, "source_classes": [], "class_names": [], **kw}
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_good_files_gzip_or_raw(tmp_path, gz):
+    arrays = make_idx(tmp_path, gz=gz)
+    train = read_split(tmp_path, "train")
+    assert train.images.dims == (30, 5, 4) and train.images.offset == 16 and train.images.gz == gz
+    assert np.array_equal(train.labels, arrays["train_labels"])
+    blocks = list(idx_files.image_blocks(train.images, 7))  # streamed in blocks of 7 images
+    assert [s for s, _ in blocks] == [0, 7, 14, 21, 28]
+    assert np.array_equal(np.concatenate([b for _, b in blocks]), arrays["train_images"])
+    samples = list_idx(idx_cfg(tmp_path))
+    assert samples.sample_ids[:2] == ["train/00000", "train/00001"] and samples.sample_ids[30] == "test/00000"
+    assert samples.class_names[:4] == ["0", "1", "2", "0"] and samples.class_order == ["0", "1", "2"]
+
+
+def test_gzip_is_detected_by_content_not_name(tmp_path):
+    make_idx(tmp_path, gz=False)
+    raw = tmp_path / "train-labels-idx1-ubyte"
+    raw.write_bytes(gzip.compress(raw.read_bytes()))  # gzip content under the raw name
+    assert read_split(tmp_path, "train").labels.tolist() == [i % 3 for i in range(30)]
+
+
+def test_images_written_to_the_store_are_the_files_pixels(tmp_path):
+    from pipeline_src.data.images import write_images
+
+    arrays = make_idx(tmp_path / "d", rows=4, cols=4)
+    cfg = idx_cfg(tmp_path / "d", limit_per_class=3)
+    samples = split_and_limit(list_samples(cfg), cfg, seed=0)
+    assert write_images(samples, cfg, tmp_path / "images.npy") == (len(samples.sample_ids), 1, 4, 4)
+    stored = np.load(tmp_path / "images.npy")
+    everything = np.concatenate([arrays["train_images"], arrays["test_images"]])
+    assert np.array_equal(stored[:, 0], everything[samples.source_rows])  # img_size = file size: no resize
+
+
+def test_splits_names_and_source_classes(tmp_path):
+    make_idx(tmp_path, n_train=200, n_test=40)
+    cfg = idx_cfg(tmp_path, class_names=["cat", "dog", "ant"], source_classes=[1, "ant"])
+    t = assign_splits(list_samples(cfg), cfg, seed=0).to_pydict()
+    split_of = dict(zip(t["sample_id"], t["split"]))
+    assert all(split_of[f"test/{i:05d}"] == "test" for i in range(40))  # the official test split, as given
+    train_splits = [split_of[f"train/{i:05d}"] for i in range(200)]
+    assert set(train_splits) == {"train", "val"} and 20 <= train_splits.count("val") <= 60  # 0.2 of 200
+    assert {(c, tk, lab) for c, tk, lab in zip(t["class_name"], t["task"], t["label"])} == {
+        ("cat", "target", 0), ("dog", "source", 0), ("ant", "source", 1)}
+
+
+def test_limit_per_class_is_per_class_and_split_and_stable(tmp_path):
+    make_idx(tmp_path, n_train=300, n_test=60)
+    cfg = idx_cfg(tmp_path, source_classes=[2], limit_per_class=5, source_limit_per_class=None)
+    t = assign_splits(list_samples(cfg), cfg, seed=0).to_pydict()
+    counts: dict = {}
+    for c, s in zip(t["class_name"], t["split"]):
+        counts[c, s] = counts.get((c, s), 0) + 1
+    assert all(v == 5 for (c, _), v in counts.items() if c != "2") and len(counts) == 9
+    assert counts["2", "train"] > 50  # the source class keeps its samples
+    assert t == assign_splits(list_samples(cfg), cfg, seed=0).to_pydict()  # deterministic
+    twice = split_and_limit(split_and_limit(list_samples(cfg), cfg, 0), cfg, 0)
+    assert twice.sample_ids == t["sample_id"]  # idempotent: prepare and the parse select the same samples
+    other = assign_splits(list_samples(cfg), cfg, seed=1).to_pydict()["sample_id"]
+    assert other != t["sample_id"]  # the key is the seed
+
+
+def test_validation_accepts_good_files_and_fills_the_default_path(tmp_path, monkeypatch):
+    make_idx(tmp_path, n_train=60, n_test=20)
+    cfg = validate_config({"experiment": "x", "dataset": {"source": "idx", "path": str(tmp_path), "img_size": 4,
+                                                          "source_classes": [0]},
+                           "backbone": {"arch": {"patch_size": 2}},
+                           "methods": {"fc": {"kind": "fc"}}, "shards": [2]})
+    assert cfg["dataset"]["path"] == str(tmp_path)
+    monkeypatch.setattr(idx_files, "DEFAULT_PATH", str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="IdxMissingFile"):
+        validate_config({"experiment": "x", "dataset": {"source": "idx", "source_classes": [0]},
+                         "methods": {"fc": {"kind": "fc"}}, "shards": [2]})
+
+
+def _validate(root: Path) -> None:
+    validate_config({"experiment": "x", "dataset": {"source": "idx", "path": str(root), "img_size": 4,
+                                                    "source_classes": [0]},
+                     "backbone": {"arch": {"patch_size": 2}}, "methods": {"fc": {"kind": "fc"}}, "shards": [1]})
+
+
+def _cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+BAD = {  # name -> (how the good files are spoiled, the error, a part of its message)
+    "missing file": (lambda r: (r / "t10k-labels-idx1-ubyte.gz").unlink(), IdxMissingFile, "t10k-labels-idx1-ubyte"),
+    "labels where images belong": (
+        lambda r: (r / "train-images-idx3-ubyte.gz").write_bytes((r / "train-labels-idx1-ubyte.gz").read_bytes()),
+        IdxBadMagic, "magic number 2049"),
+    "not IDX at all": (lambda r: (r / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"PK\3\4 a zip")),
+                       IdxBadMagic, "first two bytes"),
+    "int32 type byte": (lambda r: write(r / "train-labels-idx1-ubyte",
+                                        bytes([0, 0, 0x0C, 1]) + struct.pack(">I", 30) + bytes(120), True),
+                        IdxBadMagic, "type byte 0x0c"),
+    "counts differ": (lambda r: write(r / "train-labels-idx1-ubyte", idx_bytes(np.zeros(29, np.uint8)), True),
+                      IdxCountMismatch, "30 images but"),
+    "gzip stream cut": (lambda r: _cut(r / "train-images-idx3-ubyte.gz", 200), IdxTruncated, "train-images"),
+    "raw data short": (lambda r: write(r / "t10k-images-idx3-ubyte",
+                                       idx_bytes(np.zeros((12, 5, 4), np.uint8))[:-7], True),
+                       IdxTruncated, "233 data bytes, the header promises 240"),
+    "header cut": (lambda r: write(r / "t10k-labels-idx1-ubyte", bytes([0, 0, 8, 1, 0]), True),
+                   IdxTruncated, "ends inside its header"),
+    "bytes beyond the header's dims": (lambda r: write(r / "t10k-labels-idx1-ubyte",
+                                                       idx_bytes(np.zeros(12, np.uint8)) + b"\0", True),
+                                       IdxTruncated, "more bytes than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_files_fail_validation_with_a_named_error(tmp_path, case):
+    make_idx(tmp_path)
+    spoil, error, message = BAD[case]
+    spoil(tmp_path)
+    with pytest.raises(error, match=message):
+        read_split(tmp_path, "test" if "t10k" in message or case in ("raw data short", "header cut",
+                                                                     "bytes beyond the header's dims") else "train")
+    with pytest.raises(ConfigError, match=f"dataset.path': {error.__name__}: .*{message}"):
+        _validate(tmp_path)
+
+
+def test_class_names_must_fit_the_labels(tmp_path):
+    make_idx(tmp_path)
+    with pytest.raises(ValueError, match="dataset.class_names': 2 names for the labels 0..2"):
+        list_idx(idx_cfg(tmp_path, class_names=["a", "b"]))
+    with pytest.raises(ValueError, match="dataset.source_classes': label 7"):
+        assign_splits(list_samples(idx_cfg(tmp_path, class_names=["a", "b", "c"], source_classes=[7])),
+                      idx_cfg(tmp_path, class_names=["a", "b", "c"], source_classes=[7]), 0)
+
+
+def test_validation_imports_no_torch(tmp_path):
+    import subprocess
+    import sys
+
+    make_idx(tmp_path)
+    code = ("import sys; from tests.plan.test_idx_files import _validate; from pathlib import Path; "
+            f"_validate(Path({str(tmp_path)!r})); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"
+
+
+def require_fashion_mnist() -> None:
+    """Skip without Debian's package; fail instead when PIPELINE_REQUIRE_FASHION_MNIST=1 (CI)."""
+    if (FASHION / "train-images-idx3-ubyte.gz").is_file():
+        return
+    message = f"Fashion-MNIST not in {FASHION}: apt-get install dataset-fashion-mnist"
+    if os.environ.get("PIPELINE_REQUIRE_FASHION_MNIST") == "1":
+        pytest.fail(message + " (PIPELINE_REQUIRE_FASHION_MNIST=1)")
+    pytest.skip(message)
+
+
+def test_real_fashion_mnist_files():
+    require_fashion_mnist()
+    train, test = read_split(FASHION, "train"), read_split(FASHION, "test")
+    assert train.images.dims == (60000, 28, 28) and test.images.dims == (10000, 28, 28)
+    assert np.bincount(train.labels).tolist() == [6000] * 10 and np.bincount(test.labels).tolist() == [1000] * 10
+    assert train.labels[:10].tolist() == [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]  # the published first labels
+    first = next(idx_files.image_blocks(train.images, 1))[1][0]
+    assert first.shape == (28, 28) and first.max() == 255 and first[0, 0] == 0  # an ankle boot on black
+    cfg = idx_cfg(FASHION, class_names=NAMES, source_classes=["Trouser", "Sandal", "Sneaker", "Bag", "Ankle boot"],
+                  val_fraction=0.1)
+    t = assign_splits(list_samples(cfg), cfg, seed=0).to_pydict()
+    target_train = sum(tk == "target" and s == "train" for tk, s in zip(t["task"], t["split"]))
+    assert len(t["sample_id"]) == 70000 and 26500 < target_train < 27500  # 30,000 less ~10 % val
