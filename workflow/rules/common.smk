@@ -31,6 +31,18 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
         logger.info(_line)
 
 R = "results"
+
+
+onstart:
+    # Jobs killed between write and rename leave temporary files (store/atomic.py): remove those
+    # whose writer is gone. Here, holding the run's lock, never in a dry run.
+    from pipeline_src.store.atomic import remove_stale_temps
+    from snakemake.logging import logger
+
+    _stale = remove_stale_temps(R)
+    if _stale:
+        logger.info(f"removed {len(_stale)} temporary file(s) of killed jobs, e.g. {_stale[0]}")
+
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
 VECTORIZED_METHODS = [m for m, c in config["methods"].items() if c.get("vectorized_shards")]
