@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline_src.store.atomic import file_mode, make_temp
+from pipeline_src.store.atomic import commit, make_temp
 
 MAX_READ_BYTES = 64 << 20  # one read at most: bounds the temporary buffer
 
@@ -56,8 +56,7 @@ class NpyWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        os.chmod(self._tmp, file_mode())  # as a plain open() under the job's umask (mkstemp made 0600)
-        os.replace(self._tmp, self.path)
+        commit(self._tmp, self.path)  # the mode a plain open() gives under the job's umask (mkstemp made 0600)
 
     def abort(self) -> None:
         if not self._file.closed:

@@ -5,6 +5,10 @@ between the write and the rename (SIGKILL, a lost node) does leave its temporary
 is named after its writer, `.<name>.~<pid>-<start time>@<host>~<random>.tmp`, and
 `remove_stale_temps` (called when a run starts, `workflow/rules/common.smk`) removes those whose
 writer is gone, and only those: a job of another run still writing in the same folder keeps its own.
+
+A job whose Snakemake was killed must not write behind the rerun: the main Snakemake process puts
+its own tag in `PIPELINE_RUN_OWNER` (`run_owner_token`), which its jobs inherit, and the rename
+refuses once that process is gone (`runner/orphan_guard.py` also stops such a job within 0.2 s).
 """
 from __future__ import annotations
 
@@ -50,14 +54,21 @@ _LEGACY_TEMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 UNCHECKABLE_STALE_S = 24 * 3600
 
 
-def _start_time(pid: int) -> int:
-    """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22); 0 where
-    unreadable. With the pid it names one process, even after the pid is reused."""
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) of a process from /proc/<pid>/stat (fields 3
+    and 22); None where unreadable (no such process, or no /proc)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[19])  # the fields after the command name, from field 3
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # from field 3 on
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])
+
+
+def _start_time(pid: int) -> int:
+    """A process's start time (0 where unreadable): with the pid it names one process, even after
+    the pid is reused."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat else 0
 
 
 def _host() -> str:
@@ -79,14 +90,54 @@ def make_temp(path: str | os.PathLike) -> tuple[int, Path]:
     return fd, Path(tmp)
 
 
-def _writer_alive(pid: int, start: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process holds that pid now
-        pass
-    return not start or _start_time(pid) in (0, start)
+def _alive(pid: int, start: int) -> bool:
+    """Whether the process `pid` that started at `start` (0: unknown) still runs; a zombie does not."""
+    stat = _proc_stat(pid)
+    if stat is None:  # no /proc entry: gone, or a system without /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's process holds that pid
+            pass
+        return not Path("/proc/self/stat").exists()
+    state, started = stat
+    return state != "Z" and (not start or started == start)
+
+
+RUN_OWNER_ENV = "PIPELINE_RUN_OWNER"
+_OWNER = re.compile(r"^(?P<pid>\d+)-(?P<start>\d+)@(?P<host>[A-Za-z0-9.-]*)$")
+
+
+class RunGone(RuntimeError):
+    """The Snakemake run that started this job was killed: its outputs must not appear."""
+
+
+def run_owner_token() -> str:
+    """This process as the owner of a run, `<pid>-<start time>@<host>`, for `RUN_OWNER_ENV`."""
+    pid = os.getpid()
+    return f"{pid}-{_start_time(pid)}@{_host()}"
+
+
+def run_owner_gone() -> bool:
+    """True when `RUN_OWNER_ENV` names a process of this host that no longer runs. False without
+    it, or for another host's (a cluster job's Snakemake runs elsewhere: Slurm stops its jobs)."""
+    m = _OWNER.match(os.environ.get(RUN_OWNER_ENV, ""))
+    return bool(m) and m["host"] == _host() and not _alive(int(m["pid"]), int(m["start"]))
+
+
+def commit(tmp: Path, path: Path) -> None:
+    """Rename a finished temporary file onto `path`, with the mode a plain open() gives, unless the
+    job's run is gone (`RunGone`; the temp file stays, and the next run removes it).
+
+    Args:
+        tmp: the temporary file (`make_temp`).
+        path: its destination.
+    """
+    if run_owner_gone():
+        raise RunGone(f"{path}: not written: the Snakemake run of this job was killed")
+    os.chmod(tmp, file_mode())  # results stay readable to the user's group, as the umask says
+    os.replace(tmp, path)
 
 
 def remove_stale_temps(root: str | os.PathLike) -> list[Path]:
@@ -104,7 +155,7 @@ def remove_stale_temps(root: str | os.PathLike) -> list[Path]:
         m = _TEMP.match(tmp.name)
         try:
             if m and m["host"] == host:
-                stale = not _writer_alive(int(m["pid"]), int(m["start"]))
+                stale = not _alive(int(m["pid"]), int(m["start"]))
             elif m or _LEGACY_TEMP.match(tmp.name):
                 stale = now - tmp.stat().st_mtime > UNCHECKABLE_STALE_S
             else:
@@ -130,8 +181,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield tmp_path
-        os.chmod(tmp_path, file_mode())  # results stay readable to the user's group, as the umask says
-        os.replace(tmp_path, path)
+        commit(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

@@ -1,4 +1,5 @@
-"""Kill a running study and recover with the README's commands (issue 15, item 8)."""
+"""Kill a running study and recover with the README's commands (issue 15, item 8); a SIGKILL of the
+Snakemake process alone stops its jobs before they write anything (issue 24, item 1)."""
 from __future__ import annotations
 
 import os
@@ -118,3 +119,52 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
                 for k in st.keys():
                     st.get_tensor(k)
     assert not list((killed / "results").rglob("*.tmp"))
+
+
+def result_files(workdir: Path, logs: bool = True) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under results/ (without results/logs/ for logs=False)."""
+    files = {}
+    for f in (workdir / "results").rglob("*"):
+        rel = f.relative_to(workdir).as_posix()
+        if f.is_file() and (logs or not rel.startswith("results/logs/")):
+            st = f.stat()
+            files[rel] = (st.st_size, st.st_mtime_ns)
+    return files
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"])
+def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forkserver):
+    sockets = tmp_path / "sockets"  # a fork server of this test's own
+    sockets.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": forkserver, "TMPDIR": str(sockets)}
+    killed = copy_study(tiny_study, tmp_path / "killed")
+    (killed / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
+    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    train_logs = killed / "results" / "logs" / "train"
+    try:
+        deadline = time.monotonic() + 300
+        while not [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]:
+            assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
+            time.sleep(0.1)
+        os.kill(smk.pid, signal.SIGKILL)  # Snakemake only: its job clients, the shells between and the server live on
+        at_kill = result_files(killed, logs=False)
+        smk.wait()
+        for _ in range(50):  # the jobs notice within a poll (0.2 s)
+            if not processes_in(killed):
+                break
+            time.sleep(0.1)
+        assert not processes_in(killed), "a job of the killed Snakemake is still running"
+        after = result_files(killed)
+        time.sleep(3)
+        assert result_files(killed) == after, "a file changed after the jobs stopped"
+        new = {f: v for f, v in after.items() if not f.startswith("results/logs/") and at_kill.get(f) != v}
+        assert not new, f"written after the kill: {sorted(new)}"
+        for _ in range(50):
+            if not list(sockets.glob("*.sock")):
+                break
+            time.sleep(0.1)
+        assert not list(sockets.glob("*.sock")), "the fork server outlived the killed run's jobs"
+    finally:
+        for pid in processes_in(killed):  # on the code before the fix: do not leave the orphans running
+            os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,10 @@ from pipeline_src.plan.environment import warn_on_lock_drift
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
+    from pipeline_src.store.atomic import RUN_OWNER_ENV, run_owner_token
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
+    # Jobs inherit it: one whose Snakemake was killed stops and writes nothing (runner/orphan_guard.py).
+    os.environ[RUN_OWNER_ENV] = run_owner_token()
 
 try:
     _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
