@@ -93,3 +93,19 @@ def test_a_reused_pid_does_not_keep_a_dead_writers_temp(tmp_path):
     tmp = tmp_path / f".m.safetensors.~{me}-{wrong_start}@{atomic._host()}~abcd1234.tmp"
     tmp.write_bytes(b"")
     assert atomic.remove_stale_temps(tmp_path) == [tmp]
+
+
+def test_no_rename_once_the_run_owner_is_gone(tmp_path, monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a real process of this host that has ended
+    monkeypatch.setenv(atomic.RUN_OWNER_ENV, f"{dead.pid}-1@{atomic._host()}")
+    assert atomic.run_owner_gone()
+    with pytest.raises(atomic.RunGone, match="was killed"):
+        write_text("late", tmp_path / "x.txt")
+    assert not (tmp_path / "x.txt").exists()
+    monkeypatch.setenv(atomic.RUN_OWNER_ENV, f"{dead.pid}-1@another-host")  # a cluster job's Snakemake
+    assert not atomic.run_owner_gone()
+    monkeypatch.setenv(atomic.RUN_OWNER_ENV, atomic.run_owner_token())  # this process: alive
+    assert not atomic.run_owner_gone()
+    write_text("on time", tmp_path / "x.txt")
+    assert (tmp_path / "x.txt").read_text() == "on time"
