@@ -51,7 +51,7 @@ def test_a_failed_write_leaves_neither_file_nor_temp(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _killed_writer(path: Path) -> None:
+def killed_writer(path: Path) -> None:
     """A real process SIGKILLed between its write and its rename (issue 24, item 2)."""
     code = ("import os, signal, sys\nfrom pipeline_src.store.atomic import atomic_path\n"
             "with atomic_path(sys.argv[1]) as tmp:\n    tmp.write_bytes(b'half')\n"
@@ -62,7 +62,7 @@ def _killed_writer(path: Path) -> None:
 
 def test_a_later_run_removes_the_temp_files_of_killed_writers_only(tmp_path):
     root = tmp_path / "results"
-    _killed_writer(root / "compose" / "regmean.parquet")
+    killed_writer(root / "compose" / "regmean.parquet")
     left = list(root.rglob("*.tmp"))
     assert len(left) == 1 and left[0].name.startswith(".regmean.parquet.~")  # what the kill leaves
     assert not (root / "compose" / "regmean.parquet").exists()
