@@ -31,10 +31,10 @@ def _reading(value: str, schema: dict) -> Any:
             read = float(value) if {"number", "integer"} & set(types) else read
         except ValueError:
             pass
-    kind = _JSON_TYPES.get(type(read))
-    if kind is None:  # a list or mapping written as a string: not ours to read
+    json_type = _JSON_TYPES.get(type(read))
+    if json_type is None:  # a list or mapping written as a string: not ours to read
         return value
-    if types and not (kind in types or (kind == "integer" and "number" in types)):
+    if types and not (json_type in types or (json_type == "integer" and "number" in types)):
         return value
     if "enum" in schema and not any(read == e and type(read) is type(e) for e in schema["enum"]):
         return value

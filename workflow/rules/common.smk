@@ -17,10 +17,9 @@ from pipeline_src.plan.environment import warn_on_lock_drift
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
-    from pipeline_src.store.atomic import RUN_OWNER_ENV, run_owner_token
+    from pipeline_src.plan.run_start import own_run
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
-    # Jobs inherit it: one whose Snakemake was killed stops and writes nothing (runner/orphan_guard.py).
-    os.environ[RUN_OWNER_ENV] = run_owner_token()
+    own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
 try:
     _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
@@ -37,14 +36,14 @@ R = "results"
 
 
 onstart:
-    # Jobs killed between write and rename leave temporary files (store/atomic.py): remove those
-    # whose writer is gone. Here, holding the run's lock, never in a dry run.
-    from pipeline_src.store.atomic import remove_stale_temps
+    # Jobs killed between write and rename leave temporary files: remove those whose writer is
+    # gone (plan/run_start.py). Here, holding the run's lock, never in a dry run.
+    from pipeline_src.plan.run_start import clear_killed_temps
     from snakemake.logging import logger
 
-    _stale = remove_stale_temps(R)
-    if _stale:
-        logger.info(f"removed {len(_stale)} temporary file(s) of killed jobs, e.g. {_stale[0]}")
+    _cleared = clear_killed_temps(R)
+    if _cleared:
+        logger.info(_cleared)
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
