@@ -9,11 +9,12 @@ are coalesced into one read per run of consecutive rows. The files are ordinary 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from pipeline_src.store.atomic import commit, make_temp
 
 MAX_READ_BYTES = 64 << 20  # one read at most: bounds the temporary buffer
 
@@ -31,8 +32,7 @@ class NpyWriter:
     def __init__(self, path: str | Path, shape: Sequence[int], dtype: np.dtype) -> None:
         self.path, self.shape, self.dtype = Path(path), tuple(int(s) for s in shape), np.dtype(dtype)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        self._tmp = Path(tmp)
+        fd, self._tmp = make_temp(self.path)  # named after this process: a later run removes it if killed
         self._file = os.fdopen(fd, "wb")
         np.lib.format.write_array_header_2_0(self._file, {"descr": np.lib.format.dtype_to_descr(self.dtype),
                                                           "fortran_order": False, "shape": self.shape})
@@ -56,8 +56,7 @@ class NpyWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        os.chmod(self._tmp, 0o644)
-        os.replace(self._tmp, self.path)
+        commit(self._tmp, self.path)  # the mode a plain open() gives under the job's umask (mkstemp made 0600)
 
     def abort(self) -> None:
         if not self._file.closed:

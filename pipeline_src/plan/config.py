@@ -17,6 +17,7 @@ from pipeline_src.methods.kinds import feature_cache, kind_of, method_errors
 from pipeline_src.optim.schedule import schedule_errors
 from pipeline_src.plan.ablations import check_ablations_config
 from pipeline_src.plan.cache import cached, package_version
+from pipeline_src.plan.config_strings import coerce_strings
 from pipeline_src.plan.dataset_layouts import MANIFEST_SUFFIXES
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.feature_budget import budget_report, image_store_line
@@ -68,9 +69,10 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     Raises:
         ConfigError: naming the first offending key.
     """
-    cfg = copy.deepcopy(dict(config))
+    schema = load_schema()
+    cfg = coerce_strings(copy.deepcopy(dict(config)), schema)  # nested --config values arrive as strings
     validator_cls = _with_defaults(jsonschema.Draft202012Validator)
-    validator = validator_cls(load_schema())
+    validator = validator_cls(schema)
     # Two passes: the first fills defaults (possibly nested), the second reports errors.
     for _ in validator.iter_errors(cfg):
         pass

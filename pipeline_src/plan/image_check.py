@@ -1,13 +1,16 @@
-"""Which listed images do not decode, for `dataset.skip_corrupt: true`.
+"""Which listed images do not decode: checked for every image when the DAG is built.
 
-Skipping lives in the listing, not in `prepare`: shard members are computed from the listing when
-the DAG is built, so a sample that `prepare` dropped would still be in some shard. With
-`skip_corrupt` the listing decodes every image once (PIL's full `load`, which is what finds a
-truncated file) and drops those that fail; `prepare` lists the same way, so the samples table,
-the image store and every id list agree, and prepare writes the dropped files to
-`results/prepare/corrupt.csv`. Verdicts are cached per file (path, size, mtime) under the parse
-cache, so later parses decode only new or changed files. Without `skip_corrupt` nothing is
-checked here and `prepare` fails on the first bad file, naming it (`data/images.decode_image`).
+Checking lives in the listing, not in `prepare`. A `prepare` that failed on a bad file would have
+its outputs deleted by Snakemake first, so one corrupt image added to an existing study would cost
+its samples table and image store, and then most of its jobs. So the listing decodes every image
+(PIL's full `load`, which is what finds a truncated file). Without `dataset.skip_corrupt` a bad
+image is a config error naming it, before any job starts, and `results/` stays as it was. With
+`skip_corrupt` the listing drops those images; `prepare` lists the same way, so the samples
+table, the image store and every id list agree, and prepare writes the dropped files to
+`results/prepare/corrupt.csv` (shard members are computed from the listing when the DAG is
+built, so a sample that `prepare` alone dropped would still be in some shard). Verdicts are
+cached per file (path, size, mtime) under the parse cache, so later parses decode only new or
+changed files: the first parse of 30,000 images decodes them all (README, "Real data").
 """
 from __future__ import annotations
 
@@ -83,6 +86,19 @@ def corrupt_images(paths: list[str], threads: int | None = None) -> dict[str, st
         except OSError:  # a read-only results folder: work uncached
             pass
     return {p: known[p][2] for p in paths if known[p][2] is not None}
+
+
+def refuse_corrupt(samples: SampleList) -> None:
+    """Raise ValueError naming the images of the listing that do not decode (none: return).
+
+    Args:
+        samples: a listing of image files.
+    """
+    bad = corrupt_images(samples.paths)
+    if bad:
+        path, reason = sorted(bad.items())[0]
+        raise ValueError(f"config key 'dataset.path': {len(bad)} image(s) do not decode, e.g. {path} ({reason}); "
+                         "repair or remove them, or set dataset.skip_corrupt: true to leave them out")
 
 
 def drop_corrupt(samples: SampleList) -> SampleList:

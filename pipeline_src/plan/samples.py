@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_splits
 from pipeline_src.plan.idx_files import list_idx
-from pipeline_src.plan.image_check import drop_corrupt
+from pipeline_src.plan.image_check import drop_corrupt, refuse_corrupt
 from pipeline_src.plan.sharding import keyed_unit
 
 SAMPLES_SCHEMA = pa.schema([
@@ -55,9 +55,9 @@ def digits_labels() -> list[int]:
 
 
 def list_samples(dataset_cfg: dict) -> SampleList:
-    """List sample ids and classes without decoding any image (`dataset_layouts.py` for the
-    layouts on disk); with `dataset.skip_corrupt`, images that do not decode are dropped
-    (`image_check.py`)."""
+    """List sample ids and classes (`dataset_layouts.py` for the layouts on disk) and check that
+    every image decodes (`image_check.py`, verdicts cached per file): with `dataset.skip_corrupt`
+    the images that do not are dropped, without it they are an error naming them."""
     if dataset_cfg["source"] == "digits":
         y = digits_labels()
         return SampleList([f"digits/{c}/{i:04d}" for i, c in enumerate(y)], [str(c) for c in y], None,
@@ -65,7 +65,9 @@ def list_samples(dataset_cfg: dict) -> SampleList:
     if dataset_cfg["source"] == "idx":
         return list_idx(dataset_cfg)
     samples = LAYOUTS[dataset_cfg.get("layout", "folders")](dataset_cfg)
-    if dataset_cfg.get("skip_corrupt", False):
+    if not dataset_cfg.get("skip_corrupt", False):
+        refuse_corrupt(samples)
+    else:
         before = set(samples.class_names)
         samples = drop_corrupt(samples)
         gone = sorted(before - set(samples.class_names))

@@ -8,8 +8,8 @@ the job's working directory, environment, umask and import path (so a GPU assign
 `CUDA_VISIBLE_DEVICES` still applies) with stdout/stderr in the job's log, and reports its exit
 status back.
 
-The server never starts threads or CUDA before forking. When a job's client dies (Snakemake
-killed) the server kills that job's child, so no orphan writes results behind a rerun, and then
+The server never starts threads or CUDA before forking. When a job's client dies (its Snakemake
+killed: the client stops itself then, `orphan_guard.py`) the server kills that job's child, so no orphan writes results behind a rerun, and then
 exits if no other job runs; otherwise it exits after `IDLE_SECONDS` without jobs. Set
 `PIPELINE_FORKSERVER=0` to run every step in its own process (cluster jobs, or exact per-job
 resource accounting in Snakemake's `benchmark:` files).
@@ -30,6 +30,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 IDLE_SECONDS = 120
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
@@ -209,8 +210,14 @@ def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
     return None
 
 
-def run_in_server(step: str, args) -> int | None:
-    """Run a step in a forked child of the server; None when no server could be reached."""
+def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None) -> int | None:
+    """Run a step in a forked child of the server; None when no server could be reached.
+
+    Args:
+        step: the step module's name.
+        args: the job's StepArgs.
+        on_child: called with the child's pid (its process group) once it runs.
+    """
     sock = _ensure_server(socket_path())
     if sock is None:
         return None
@@ -220,6 +227,8 @@ def run_in_server(step: str, args) -> int | None:
         _send(sock, {"step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": sys.path,
                      "umask": umask})
         child = _recv(sock)
+        if on_child is not None:
+            on_child(child)
 
         def forward(signum, _frame):  # Snakemake cancelling the job stops the child too
             os.killpg(child, signum)

@@ -9,6 +9,8 @@ stdout and stderr (tqdm progress included) go to the rule's `log:` file, and
 A job that declares the `gpu` resource holds that many device slots for its whole run
 (`pipeline_src/runner/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
 Snakemake does not place local jobs on devices itself.
+
+A job whose Snakemake process was killed stops within 0.2 s (`orphan_guard.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from pipeline_src.runner.execute import execute
 from pipeline_src.runner.gpu_slots import acquire_gpu
+from pipeline_src.runner.orphan_guard import stop_with_run
 from pipeline_src.runner.step_args import from_snakemake
 
 
@@ -37,13 +40,15 @@ def run_step(step: str, smk) -> None:
     """Run `pipeline_src.steps.<step>.main` for the job described by Snakemake's object."""
     _check_own_code(getattr(smk, "scriptdir", None))
     args = from_snakemake(smk)
+    child: list[int] = []  # the fork-server child's pid (= its process group), once known
+    stop_with_run(lambda: child[0] if child else None)  # a killed Snakemake stops this job too
     with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
         code = None
         # Not inside a Slurm job: a server started there would outlive the job's allocation.
         if os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
             from pipeline_src.runner.forkserver import run_in_server
 
-            code = run_in_server(step, args)  # the child takes this process's environment
+            code = run_in_server(step, args, child.append)  # the child takes this process's environment
         if code is None:
             console = os.dup(2)
             code = execute(step, args)

@@ -9,7 +9,10 @@ its components (recursively), resolved inside the model's own results tree. The 
 tree and checks, at every node, the node's own recorded ids and its components. It proves
 absence (exit 0) or names each component that trained on a requested id (exit 1). A composed
 record whose ids are not the union of its components' ids is stale (a component changed after
-composition) and is reported as a failure too, since then the tree proves nothing.
+composition) and is reported as a failure too, since then the tree proves nothing; the report
+names the components whose sample count differs from the one the composed record lists. A model
+whose tree cannot be read (a record or component missing, e.g. a copy kept outside its results
+folder) ends with a one-line error, exit 2.
 
 Paper context: SISA's exact unlearning (Bourtoule et al., IEEE S&P 2021) and TAFT's removal by
 subtraction (Liu, Soatto et al., ICLR 2024) are exact only if no remaining component saw the ids.
@@ -49,7 +52,7 @@ class AuditResult:
 def read_record(weights_path: Path) -> dict:
     path = weights_path.with_suffix(".json")
     if not path.is_file():
-        raise FileNotFoundError(f"audit: no record {path} beside the model {weights_path}")
+        raise FileNotFoundError(f"no record {path} beside the model {weights_path}")
     return json.loads(path.read_text())
 
 
@@ -70,7 +73,9 @@ def _resolve(component: str, parent: Path) -> Path:
     for base in parent.resolve().parents:
         if (base / p).is_file():
             return base / p
-    raise FileNotFoundError(f"audit: component {component} of {parent} not found beside it")
+    raise FileNotFoundError(f"component {component} of {parent} is in no folder above it: the audit reads a "
+                            "model's components from its own results folder, so audit a copy inside a copy of "
+                            "that folder")
 
 
 def members_of(path: Path, record: dict) -> set[str] | None:
@@ -83,9 +88,20 @@ def members_of(path: Path, record: dict) -> set[str] | None:
     return None
 
 
-def _describe_stale(own: set[str], by_component: dict[str, set[str]]) -> str:
+def _describe_stale(own: set[str], by_component: dict[str, set[str]], counts_then: dict[str, int]) -> str:
+    """What differs between a composed record and its components today, naming the components.
+
+    Args:
+        own: the ids the composed record lists.
+        by_component: each component's ids today.
+        counts_then: each component's sample count as the composed record lists it (when it does).
+    """
     seen = set().union(*by_component.values()) if by_component else set()
     parts = []
+    changed = [comp for comp, ids in by_component.items() if comp in counts_then and counts_then[comp] != len(ids)]
+    for comp in changed:
+        parts.append(f"component {comp} trained on {counts_then[comp]} samples when composed, "
+                     f"{len(by_component[comp])} now")
     for comp, ids in by_component.items():
         extra = sorted(ids - own)
         if extra:
@@ -93,7 +109,9 @@ def _describe_stale(own: set[str], by_component: dict[str, set[str]]) -> str:
                          f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
     missing = sorted(own - seen)
     if missing:
-        parts.append(f"{len(missing)} recorded id(s) no component trained on: {', '.join(missing[:5])}"
+        shrunk = [c for c in changed if counts_then[c] > len(by_component[c])]
+        held = f" (held then by {', '.join(shrunk)})" if shrunk else ""
+        parts.append(f"{len(missing)} recorded id(s) no component trains on now{held}: {', '.join(missing[:5])}"
                      f"{' ...' if len(missing) > 5 else ''}")
     return "; ".join(parts)
 
@@ -115,17 +133,19 @@ def audit_model(model_path: str | Path, ids: Sequence[str]) -> AuditResult:
         components = record.get("components")
         if not components:
             if own is None:
-                raise ValueError(f"audit: {path} records neither sample ids, a membership ref nor components")
+                raise ValueError(f"{path} records neither sample ids, a membership ref nor components")
             if own & wanted:
                 result.hits.append((str(path), sorted(own & wanted)))
             return own
-        by_component = {}
+        by_component, counts_then = {}, {}
         for comp in components:
             comp_path = _resolve(_component_path(comp), path)
             by_component[str(comp_path)] = visit(comp_path)
+            if isinstance(comp, dict) and "num_samples" in comp:
+                counts_then[str(comp_path)] = int(comp["num_samples"])
         seen = set().union(*by_component.values())
         if own is not None and own != seen:
-            result.stale.append((str(path), _describe_stale(own, by_component)))
+            result.stale.append((str(path), _describe_stale(own, by_component, counts_then)))
         return seen
 
     visit(Path(model_path))
@@ -138,7 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("ids", nargs="+", help="a request file (text or CSV) or sample ids")
     a = parser.parse_args(argv)
     ids = read_request(a.ids[0]) if len(a.ids) == 1 and Path(a.ids[0]).is_file() else list(a.ids)
-    result = audit_model(a.model, ids)
+    try:
+        result = audit_model(a.model, ids)
+    except (OSError, ValueError) as e:  # a missing record or component, an unreadable file: one line
+        print(f"audit: {e}", file=sys.stderr)
+        return 2
     leaves = len(result.checked)
     for path, hit in result.hits:
         print(f"TRAINED ON {len(hit)} of the ids: {path}: {', '.join(hit[:10])}{' ...' if len(hit) > 10 else ''}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline_src.store.atomic import write_parquet
+from pipeline_src.store.atomic import make_temp, write_parquet
 
 STORE = "provenance"
 
@@ -41,8 +41,8 @@ def _key(root: Path, create: bool) -> bytes:
         if not create:
             raise FileNotFoundError(f"no provenance key {path}: this results folder's DP memberships cannot be read")
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".key.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd, tmp = make_temp(path)  # named after this process: a later run removes it if killed
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(32))
         try:  # link, not rename: the first of several parallel jobs wins, the others read its key

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pipeline_src.store.results_db import connect
@@ -36,13 +37,25 @@ def main(argv: list[str] | None = None) -> int:
     if rel is None:
         return 0
     df = rel.df()
-    if ns.format == "csv":
-        df.to_csv(sys.stdout, index=False)
-    elif ns.format == "md":
-        print(df.to_markdown(index=False))
-    else:
-        print(df.to_string(index=False))
+    try:
+        if ns.format == "csv":
+            df.to_csv(sys.stdout, index=False)
+        elif ns.format == "md":
+            print(df.to_markdown(index=False))
+        else:
+            print(df.to_string(index=False))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
     return 0
+
+
+def _quiet_stdout() -> None:
+    """The reader of a pipe (`| head`) stopped reading: what it took is what it wanted. Point
+    stdout at /dev/null so that Python's flush at exit raises nothing either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Row reads and sequential writes of `.npy` files (`pipeline_src/data/npy_rows.py`)."""
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -37,3 +40,19 @@ def test_out_of_order_partial_or_truncated_files_are_errors(tmp_path):
         f.truncate(f.seek(0, 2) - 4)
     with pytest.raises(ValueError, match="rerun the step"):
         NpyRows(tmp_path / "c.npy")
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_written_arrays_follow_the_umask(tmp_path, umask, mode):
+    """The image store and the feature caches get the mode a plain open() gives (issue 24, item 4)."""
+    old = os.umask(umask)
+    try:
+        w = NpyWriter(tmp_path / "images.npy", (2, 3), np.uint8)
+        w.write(0, np.zeros((2, 3), np.uint8))
+        w.close()
+        (tmp_path / "plain").write_text("reference")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "images.npy").stat().st_mode) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images.npy", "plain"]  # no temp left

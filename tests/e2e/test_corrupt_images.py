@@ -1,6 +1,6 @@
 """Corrupt images in a real Snakemake run: skipped consistently everywhere with
 `dataset.skip_corrupt: true` (samples table, image store, shard manifests, trained models), or a
-`prepare` failure naming the file without it. The dataset uses the `split_folders` layout."""
+config error naming the file without it, before any job runs. The dataset uses the `split_folders` layout."""
 from __future__ import annotations
 
 import csv
@@ -77,11 +77,19 @@ def test_skipped_everywhere_with_skip_corrupt(tmp_path):
     assert "Nothing to be done" in dry.stdout + dry.stderr
 
 
-def test_without_skip_corrupt_prepare_fails_naming_the_file(tmp_path):
+def test_without_skip_corrupt_a_new_bad_image_fails_before_any_job(tmp_path):
+    """One corrupt image added to an existing study (issue 24, item 3): before the fix validation
+    passed, `prepare` failed and Snakemake deleted its outputs first (samples table, image store)."""
     truncated, text = study(tmp_path, layout="split_folders")
-    Path(text).unlink()
+    data = {p: Path(p).read_bytes() for p in (truncated, text)}
+    for p in data:
+        Path(p).unlink()
+    snakemake(tmp_path, "--cores", "1", "results/prepare/samples.parquet")  # the existing study
+    before = {f: f.read_bytes() for f in (tmp_path / "results").rglob("*") if f.is_file() and ".plan_cache" not in f.parts}
+    Path(truncated).write_bytes(data[truncated])  # then one bad image lands in the dataset
     proc = snakemake(tmp_path, "--cores", "1", "results/prepare/samples.parquet", check=False)
     assert proc.returncode != 0
-    log = (tmp_path / "results/logs/prepare/prepare.log").read_text()
-    assert f"cannot read image {truncated}" in log and "skip_corrupt" in log
-    assert not (tmp_path / "results/prepare/images.npy").exists()
+    assert f"config key 'dataset.path': 1 image(s) do not decode, e.g. {truncated}" in proc.stderr
+    assert "skip_corrupt" in proc.stderr and "rule prepare" not in proc.stdout + proc.stderr  # no job started
+    after = {f: f.read_bytes() for f in (tmp_path / "results").rglob("*") if f.is_file() and ".plan_cache" not in f.parts}
+    assert after == before

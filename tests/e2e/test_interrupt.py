@@ -1,4 +1,5 @@
-"""Kill a running study and recover with the README's commands (issue 15, item 8)."""
+"""Kill a running study and recover with the README's commands (issue 15, item 8); a SIGKILL of the
+Snakemake process alone stops its jobs before they write anything (issue 24, item 1)."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ from safetensors import safe_open
 
 from tests.conftest import REPO, planned_outputs
 from tests.e2e.conftest import copy_study
+from tests.store.test_atomic import killed_writer
 
 pytestmark = pytest.mark.e2e
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -32,10 +34,10 @@ def tiny_one_method() -> dict:
 
 
 def recovery_commands() -> list[list[str]]:
-    """The commands of the README's 'When a run is interrupted' section."""
+    """The commands of the README's 'When a run is interrupted' section, as written (comments cut)."""
     section = (REPO / "README.md").read_text().split("## When a run is interrupted", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [line.split()[1:] for line in block.splitlines() if line.startswith(".venv/bin/snakemake")]
+    return [line.split("#", 1)[0].split()[1:] for line in block.splitlines() if line.startswith(".venv/bin/snakemake")]
 
 
 def processes_in(folder: Path) -> list[int]:
@@ -62,7 +64,9 @@ def metric_rows(workdir: Path) -> int:
 
 
 def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, env=env)
+    """Snakemake in `workdir`, run from there as a user would (a relative --configfile is read there)."""
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, env=env,
+                          cwd=workdir)
 
 
 def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
@@ -70,17 +74,18 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
     sockets.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
     clean, killed = tmp_path / "clean", tmp_path / "killed"
+    study = ("--configfile", "my_study.yaml")  # the README's name; no config.yaml (default study) in the folder
     for d in (clean, killed):
         copy_study(tiny_study, d)  # the prepared samples and backbone
-        (d / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
+        (d / "my_study.yaml").write_text(yaml.safe_dump(tiny_one_method()))
     # every file an uninterrupted run writes: a dry run of the same study, from the same start
-    proc = run(clean, "-n", "--cores", "2", env=env)
+    proc = run(clean, "-n", "--cores", "2", *study, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = [f.strip() for line in planned_outputs(proc) for f in line.split(",")]
     assert any(f.endswith(".safetensors") for f in expected) and any(f.endswith(".parquet") for f in expected)
 
-    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2", *study], env=env, cwd=killed,
+                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     train_logs = killed / "results" / "logs" / "train"
     deadline = time.monotonic() + 300
     while not (caught := [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]):
@@ -99,14 +104,16 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
         model = killed / "results" / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
         assert not model.exists(), f"{model}: the killed run's job finished after the kill"
 
-    proc = run(killed, "--cores", "2", env=env)
+    proc = run(killed, "--cores", "2", *study, env=env)
     assert proc.returncode != 0 and re.search(r"unlock|incomplete", proc.stderr, re.I), proc.stderr[-2000:]
+    killed_writer(killed / "results" / "compose" / "regmean.parquet")  # a kill between write and rename
+    assert list((killed / "results").rglob("*.tmp"))
     for args in recovery_commands():
         proc = run(killed, *args, env=env)
         assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
 
     assert not [f for f in expected if not (killed / f).exists()], "an output of the study is missing after recovery"
-    proc = run(killed, "-n", "--cores", "2", env=env)
+    proc = run(killed, "-n", "--cores", "2", *study, env=env)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert metric_rows(killed) > 0
     files = list((killed / "results").rglob("*.parquet")) + list((killed / "results").rglob("*.safetensors"))
@@ -118,3 +125,52 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
                 for k in st.keys():
                     st.get_tensor(k)
     assert not list((killed / "results").rglob("*.tmp"))
+
+
+def result_files(workdir: Path, logs: bool = True) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under results/ (without results/logs/ for logs=False)."""
+    files = {}
+    for f in (workdir / "results").rglob("*"):
+        rel = f.relative_to(workdir).as_posix()
+        if f.is_file() and (logs or not rel.startswith("results/logs/")):
+            st = f.stat()
+            files[rel] = (st.st_size, st.st_mtime_ns)
+    return files
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"])
+def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forkserver):
+    sockets = tmp_path / "sockets"  # a fork server of this test's own
+    sockets.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": forkserver, "TMPDIR": str(sockets)}
+    killed = copy_study(tiny_study, tmp_path / "killed")
+    (killed / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
+    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    train_logs = killed / "results" / "logs" / "train"
+    try:
+        deadline = time.monotonic() + 300
+        while not [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]:
+            assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
+            time.sleep(0.1)
+        os.kill(smk.pid, signal.SIGKILL)  # Snakemake only: its job clients, the shells between and the server live on
+        at_kill = result_files(killed, logs=False)
+        smk.wait()
+        for _ in range(50):  # the jobs notice within a poll (0.2 s)
+            if not processes_in(killed):
+                break
+            time.sleep(0.1)
+        assert not processes_in(killed), "a job of the killed Snakemake is still running"
+        after = result_files(killed)
+        time.sleep(3)
+        assert result_files(killed) == after, "a file changed after the jobs stopped"
+        new = {f: v for f, v in after.items() if not f.startswith("results/logs/") and at_kill.get(f) != v}
+        assert not new, f"written after the kill: {sorted(new)}"
+        for _ in range(50):
+            if not list(sockets.glob("*.sock")):
+                break
+            time.sleep(0.1)
+        assert not list(sockets.glob("*.sock")), "the fork server outlived the killed run's jobs"
+    finally:
+        for pid in processes_in(killed):  # on the code before the fix: do not leave the orphans running
+            os.kill(pid, signal.SIGKILL)

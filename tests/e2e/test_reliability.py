@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.conftest import snakemake as run_snakemake
 from tests.e2e.conftest import copy_study
 
 TINY = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
@@ -140,3 +141,15 @@ def test_the_fork_server_is_keyed_by_the_code(tmp_path):
     with (wf / "pipeline_src/steps/prepare.py").open("a") as f:
         f.write("\n# edited\n")
     assert key() != first
+
+
+# ----------------------------------------------------------------------------- issue 24, item 7
+def test_nested_config_values_are_read_as_the_schemas_types(tmp_path):
+    """`--config shards=[1,3]` and nested mappings reach the schema as strings (YAML's base loader)."""
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(REPO / ".test" / "config.yaml"),
+                         "--config", "shards=[1,3]", "train={epochs: 3, lr: 1e-3}", "fusion={enabled: false}",
+                         check=False)
+    assert proc.returncode == 0, out(proc)[-3000:]
+    planned = out(proc)
+    assert "results/train/fc/n3_s0/shard2.safetensors" in planned and "/n2_s0/" not in planned
+    assert "rule fusion_train" not in planned and "rule fuse:" not in planned  # fusion={enabled: false} read as false, not the string "false"

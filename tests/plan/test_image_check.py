@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,9 @@ import pytest
 from pipeline_src.data.images import write_images
 from pipeline_src.plan import image_check
 from pipeline_src.plan.config import validate_config
+from pipeline_src.plan.dataset_layouts import LAYOUTS
 from pipeline_src.plan.samples import list_samples
+from tests.conftest import REPO
 
 
 def spoil(root: Path) -> tuple[Path, Path]:
@@ -41,16 +46,40 @@ def test_check_image_finds_truncated_and_non_images(image_folder):
     assert "UnidentifiedImageError" in image_check.check_image(str(text))
 
 
-def test_without_skip_corrupt_prepare_names_the_file(image_folder, tmp_path):
+def test_without_skip_corrupt_the_listing_names_the_file(image_folder):
+    """Found when the DAG is built, before `prepare` could fail and lose its old outputs (issue 24, item 3)."""
     truncated, _ = spoil(image_folder)
     (image_folder / "circle" / "notes.jpg").unlink()
     cfg = folder_cfg(image_folder)
-    samples = list_samples(cfg)
-    assert str(truncated) in samples.paths  # nothing is decoded at listing without skip_corrupt
+    with pytest.raises(ValueError, match=rf"config key 'dataset.path': 1 image\(s\) do not decode, e.g. {truncated} "
+                                         r"\(OSError: .*truncated.*skip_corrupt: true"):
+        list_samples(cfg)
+    truncated.unlink()
+    assert len(list_samples(cfg).paths) == 18
+
+
+def test_prepare_still_names_a_file_that_stopped_decoding_after_listing(image_folder, tmp_path):
+    truncated, _ = spoil(image_folder)
+    (image_folder / "circle" / "notes.jpg").unlink()
+    cfg = folder_cfg(image_folder)
+    samples = LAYOUTS["folders"](cfg)  # the listing alone, as if the file broke after validation
     with pytest.raises(ValueError, match=rf"sample shapes/circle/truncated.png: cannot read image {truncated}.*"
                                          r"skip_corrupt"):
         write_images(samples, cfg, tmp_path / "images.npy")
     assert not (tmp_path / "images.npy").exists()
+
+
+def test_listing_decodes_without_importing_torch(image_folder, tmp_path):
+    spoil(image_folder)
+    code = ("import sys; from pipeline_src.plan import image_check; from pipeline_src.plan.samples import list_samples\n"
+            f"image_check.use_cache_dir({str(tmp_path / 'cache')!r})\n"
+            f"s = list_samples({folder_cfg(image_folder, skip_corrupt=True)!r})\n"
+            "assert len(s.corrupt) == 2, s.corrupt\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
 
 
 def test_skip_corrupt_drops_them_from_the_listing(image_folder, tmp_path):

@@ -3,6 +3,7 @@ import torch
 
 from pipeline_src.data.images import load_images
 from pipeline_src.plan.config import validate_config
+from pipeline_src.plan.dataset_layouts import LAYOUTS
 from pipeline_src.plan.samples import assign_splits, count_train_samples, list_samples
 
 
@@ -33,8 +34,10 @@ def test_source_classes_are_disjoint_and_relabelled(image_folder):
 def test_unreadable_image_names_the_sample(image_folder):
     (image_folder / "circle" / "broken.png").write_bytes(b"not a png")
     cfg = folder_cfg(image_folder)
+    with pytest.raises(ValueError, match=r"1 image\(s\) do not decode, e.g. \S*shapes/circle/broken.png"):
+        list_samples(cfg)  # when the DAG is built
     with pytest.raises(ValueError, match="sample shapes/circle/broken.png"):
-        load_images(list_samples(cfg), cfg)
+        load_images(LAYOUTS["folders"](cfg), cfg)  # and the loader, for a file that broke later
 
 
 def test_imagefolder_study_config_counts_samples(image_folder):

@@ -3,9 +3,14 @@ records' bare-path components are read, and paths resolve inside the model's own
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from pipeline_src.store.audit import audit_model
+from tests.conftest import REPO
 
 
 def _write(path: Path, record: dict) -> Path:
@@ -40,3 +45,32 @@ def test_bare_path_components_and_resolution_inside_the_model_tree(tmp_path, mon
     result = audit_model(soup, ["c"])
     assert [p for p, _ in result.hits] == [str((tmp_path / "old_copy/results/train/m/n2_s0/shard1.safetensors"))]
     assert not result.stale
+
+
+def test_stale_composition_names_the_component_whose_count_changed(tmp_path):
+    """A shard retrained without a forgotten id after composing (issue 24, item 5): the composed
+    record's component list says how many samples each component had then."""
+    comps = [{"path": f"results/train/m/n2_s0/shard{i}.safetensors", "shard_id": i, "num_samples": n}
+             for i, n in ((0, 2), (1, 2))]
+    soup = _tree(tmp_path, ["a", "b", "c", "forgotten"], comps)  # shard1 had c and "forgotten"
+    result = audit_model(soup, ["zzz"])
+    (path, why), = result.stale
+    assert "shard1.safetensors trained on 2 samples when composed, 1 now" in why
+    assert "shard0" not in why  # its count did not change
+    assert "no component trains on now (held then by " in why and why.endswith(": forgotten")
+
+
+def test_a_copy_outside_its_results_folder_gets_a_one_line_error(tmp_path):
+    comps = [{"path": f"results/train/m/n2_s0/shard{i}.safetensors", "shard_id": i, "num_samples": 1}
+             for i in range(2)]
+    soup = _tree(tmp_path / "study", ["a", "b", "c"], comps)
+    kept = tmp_path / "kept"  # the user copied the model and its record elsewhere
+    kept.mkdir()
+    for f in (soup, soup.with_suffix(".json")):
+        shutil.copy(f, kept / f.name)
+    proc = subprocess.run([sys.executable, "-m", "pipeline_src.store.audit", str(kept / soup.name), "a"],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("audit: component results/train/m/n2_s0/shard0.safetensors of ")
+    assert "its own results folder" in proc.stderr

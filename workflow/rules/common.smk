@@ -27,8 +27,9 @@ from pipeline_src.plan.privacy import dp_method_config, dp_settings
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
-
+    from pipeline_src.plan.run_start import own_run
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
+    own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
 try:
     _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
@@ -43,6 +44,18 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
         logger.info(_line)
 
 R = "results"
+
+
+onstart:
+    # Jobs killed between write and rename leave temporary files: remove those whose writer is
+    # gone (plan/run_start.py). Here, holding the run's lock, never in a dry run.
+    from pipeline_src.plan.run_start import clear_killed_temps
+    from snakemake.logging import logger
+
+    _cleared = clear_killed_temps(R)
+    if _cleared:
+        logger.info(_cleared)
+
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
 VECTORIZED_METHODS = [m for m, c in config["methods"].items() if c.get("vectorized_shards")]
