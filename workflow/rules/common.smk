@@ -28,6 +28,7 @@ from pipeline_src.plan.privacy import dp_method_config, dp_settings
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
     from pipeline_src.plan.run_start import own_run
+
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
     own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
@@ -55,6 +56,7 @@ onstart:
     _cleared = clear_killed_temps(R)
     if _cleared:
         logger.info(_cleared)
+
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
