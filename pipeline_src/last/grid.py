@@ -39,6 +39,7 @@ from pipeline_src.last.train import (
 )
 from pipeline_src.optim.stacked_adamw import stacked_adamw_
 from pipeline_src.plan.schedule import lr_factor
+from pipeline_src.runner.job_counters import counting
 
 
 class _Group:
@@ -161,7 +162,8 @@ def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor] 
         batch = {k: z.to(dev) for k, z in source.batch(idx, keys).items()}
         for g in grid.groups:
             g.lr_factor = lr_factor(schedule or {}, step, steps_per_epoch, epochs * steps_per_epoch)
-        losses = grid.step(batch, labels[idx].to(dev))
+        with counting("train", len(idx), dev):  # each image through every member
+            losses = grid.step(batch, labels[idx].to(dev))
         if progress is not None:
             progress(step // steps_per_epoch, step, losses)
     return grid.state_dicts()

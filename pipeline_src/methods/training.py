@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from pipeline_src.data.throughput import Throughput
 from pipeline_src.plan.schedule import apply_schedule
+from pipeline_src.runner.job_counters import counting
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -63,11 +64,12 @@ def fit(
         total = 0.0
         for start in range(0, len(inputs), batch_size):
             idx = order[start:start + batch_size]
-            loss = loss_fn(forward(inputs[idx]), labels[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            apply_schedule(opt, lr, schedule, step, steps_per_epoch, epochs * steps_per_epoch)
-            opt.step()
+            with counting("train", len(idx), inputs.device):
+                loss = loss_fn(forward(inputs[idx]), labels[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                apply_schedule(opt, lr, schedule, step, steps_per_epoch, epochs * steps_per_epoch)
+                opt.step()
             step += 1
             total += loss.item() * len(idx)
             bar.update(1)

@@ -34,13 +34,19 @@ def execute(step: str, args: StepArgs) -> int:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         set_mmap_threshold(JOB_MMAP_THRESHOLD)
+    from pipeline_src.runner import job_counters  # here: the Snakemake client process needs no pyarrow
+
+    job_counters.reset()
     t0 = time.perf_counter()
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)
+        wall = time.perf_counter() - t0
+        if args.log:  # images and model FLOPs, for the report's efficiency table
+            job_counters.write_counters(args.log[0], args.rule or step, wall)
         # The exact peak (Snakemake's benchmark files sample it and can miss short peaks);
         # benchmarks/bench_scale.py reads this line. Not after a failure: the error stays last.
         print(f"[launch] peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB, "
-              f"wall {time.perf_counter() - t0:.2f} s", flush=True)
+              f"wall {wall:.2f} s", flush=True)
         return 0
     except Exception:
         traceback.print_exc()
