@@ -49,12 +49,21 @@ class Phase:
 
 PHASES: dict[str, Phase] = {}
 _DEVICE: dict[str, str] = {}
+# Images of the job's progress lines (`data/throughput.py`): the job's images when no model loop
+# counts them itself (e.g. `features`), with no FLOPs.
+LOGGED: dict[str, int] = {"images": 0}
 
 
 def reset() -> None:
     """Forget the counts (a new job in this process)."""
     PHASES.clear()
     _DEVICE.clear()
+    LOGGED["images"] = 0
+
+
+def note_logged_images(n: int) -> None:
+    """Images a progress line reported (used only if no `counting` phase counted any)."""
+    LOGGED["images"] += n
 
 
 def flop_counter():
@@ -132,7 +141,7 @@ def write_counters(log: str | Path, rule: str, step_wall_s: float) -> Path:
     """Write this job's counters beside its log (one row; `COUNTERS_SCHEMA`)."""
     import torch
 
-    images = sum(p.images for p in PHASES.values())
+    images = sum(p.images for p in PHASES.values()) or LOGGED["images"]
     measured = [p for p in PHASES.values() if p.flops_per_image is not None]
     device = _DEVICE.get("device", "cpu")
     row = {

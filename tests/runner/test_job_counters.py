@@ -99,3 +99,18 @@ def test_gemm_probe_is_short_and_plausible():
     assert p.seconds < 2.0
     assert 1e8 < p.flops_per_s < 1e13  # between 0.1 GFLOP/s and 10 TFLOP/s on one CPU thread
     assert p.threads == 1 and p.device_name
+
+
+def test_progress_lines_give_the_images_only_where_no_loop_counts(tmp_path):
+    from pipeline_src.data.throughput import Throughput
+
+    meter = Throughput("features")
+    meter.add(7)
+    meter.line()
+    path = job_counters.write_counters(tmp_path / "features.log", "features", 1.0)
+    row = pq.read_table(path).to_pylist()[0]
+    assert (row["images"], row["flops"], row["flop_images"]) == (7, None, 0)
+    with job_counters.counting("train", 3):
+        nn.Linear(2, 2)(torch.randn(3, 2))
+    row = pq.read_table(job_counters.write_counters(tmp_path / "train.log", "train", 1.0)).to_pylist()[0]
+    assert (row["images"], row["flop_images"]) == (3, 3)  # the loop's count, not the progress line's
