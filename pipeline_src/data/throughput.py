@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from pipeline_src.runner.job_counters import note_logged_images
+from pipeline_src.store.job_counters import note_logged_images
 
 
 class Throughput:

@@ -39,7 +39,7 @@ from pipeline_src.last.train import (
 )
 from pipeline_src.optim.stacked_adamw import stacked_adamw_
 from pipeline_src.plan.schedule import lr_factor
-from pipeline_src.runner.job_counters import counting
+from pipeline_src.store.job_counters import counting
 
 
 class _Group:

@@ -24,7 +24,7 @@ from pipeline_src.last.features import BlockBatches
 from pipeline_src.last.side_network import SideNetwork
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
 from pipeline_src.plan.schedule import apply_schedule
-from pipeline_src.runner.job_counters import counting
+from pipeline_src.store.job_counters import counting
 
 MEMBER_DEFAULTS: dict = {
     "every": 1, "modules_per_block": 1, "bias_correction": True, "zero_init_up": False,

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from pipeline_src.data.throughput import Throughput
 from pipeline_src.plan.schedule import apply_schedule
-from pipeline_src.runner.job_counters import counting
+from pipeline_src.store.job_counters import counting
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

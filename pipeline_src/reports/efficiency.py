@@ -3,13 +3,13 @@
 `efficiency.{md,csv}`, one row per rule, from two kinds of small files under `results/logs/`:
 - Snakemake's benchmark files (`<job>.bench.tsv`, the `jobs` view): each job's wall time `s`;
 - the jobs' own counters (`<job>.counters.parquet`, the `job_counters` view, written by
-  `runner/job_counters.py`): images (or feature rows) through the model, every epoch counted, and
+  `store/job_counters.py`): images (or feature rows) through the model, every epoch counted, and
   the model FLOPs counted by PyTorch's `FlopCounterMode` on the job's first batch.
 
 Columns: jobs, total wall time and its share of the study, the share of that wall time inside the
 step itself (the rest is start-up: Snakemake's script, imports, loading), images, images/s,
 GFLOP per image, achieved GFLOP/s over the jobs' wall time, and that as a percentage of the
-machine's GEMM peak measured here at the jobs' thread count (`runner/gemm_peak.py`, float32; the
+machine's GEMM peak measured here at the jobs' thread count (`store/gemm_peak.py`, float32; the
 table's title names the device). Rules whose jobs count no images (prepare, compose, ...) show
 only their time. A rule's jobs without a counters file (written before counting existed, or a
 step that counts nothing) take their rule from the log folder.
@@ -102,7 +102,7 @@ def machine_peaks(budget_s: float = 1.5) -> Callable[[str, int], tuple[float, st
 
     import torch
 
-    from pipeline_src.runner.gemm_peak import measure_gemm_peak
+    from pipeline_src.store.gemm_peak import measure_gemm_peak
 
     cache: dict[tuple[str, int], tuple[float, str] | None] = {}
     spent = [0.0]

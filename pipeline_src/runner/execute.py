@@ -34,7 +34,7 @@ def execute(step: str, args: StepArgs) -> int:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         set_mmap_threshold(JOB_MMAP_THRESHOLD)
-    from pipeline_src.runner import job_counters  # here: the Snakemake client process needs no pyarrow
+    from pipeline_src.store import job_counters  # here: the Snakemake client process needs no pyarrow
 
     job_counters.reset()
     t0 = time.perf_counter()

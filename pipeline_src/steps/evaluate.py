@@ -21,9 +21,9 @@ from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.loading import load_tuned_model
 from pipeline_src.methods.shared_prefix import member_logits, share_frozen_tensors
 from pipeline_src.methods.weight_distance import distance_from_start
-from pipeline_src.runner.job_counters import counting
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.job_counters import counting
 from pipeline_src.store.metrics import metric_rows, write_metrics
 
 

@@ -27,7 +27,7 @@ from torch.func import functional_call, grad, vmap
 from pipeline_src.data.vit_parts import FromPrefix
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS, stacked_adamw_
 from pipeline_src.plan.schedule import apply_schedule, lr_factor
-from pipeline_src.runner.job_counters import counting
+from pipeline_src.store.job_counters import counting
 from pipeline_src.taft.jvp_layers import primal_grad_mode
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
 from pipeline_src.taft.primal_gradient import primal_gradient_backward

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline_src.reports.efficiency import efficiency_report, rule_of_log
-from pipeline_src.runner.job_counters import COUNTERS_SCHEMA
 from pipeline_src.store.atomic import write_parquet
+from pipeline_src.store.job_counters import COUNTERS_SCHEMA
 from pipeline_src.store.results_db import connect
 
 BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline_src.runner import job_counters
 from pipeline_src.runner.execute import execute
-from pipeline_src.runner.gemm_peak import measure_gemm_peak
 from pipeline_src.runner.step_args import Paths, StepArgs
+from pipeline_src.store import job_counters
+from pipeline_src.store.gemm_peak import measure_gemm_peak
 
 
 @pytest.fixture(autouse=True)

@@ -33,7 +33,7 @@ def measure_gemm_peak(device: str = "cpu", threads: int | None = None, size: int
     """
     import torch
 
-    from pipeline_src.runner.job_counters import device_name
+    from pipeline_src.store.job_counters import device_name
 
     size = size or (4096 if device == "cuda" else 1024)
     old = torch.get_num_threads()
