@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.methods.composition import ensemble_logits
 from pipeline_src.methods.evaluation import classification_metrics
@@ -34,9 +35,11 @@ def main(args: StepArgs) -> None:
     t0 = time.perf_counter()
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
+    backbone_dir = Path(args.input.backbone).parent
+    loaded = load_backbone(backbone_dir)  # once per job: each model builds on a copy of it
     models, records = [], []
     for path in args.input.models:
-        model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)
+        model, record, backbone_record = load_tuned_model(backbone_dir, path, backbone=loaded)
         models.append(model.to(device).eval())
         records.append(record)
         share_frozen_tensors(models)  # N shard models hold one copy of the frozen backbone
@@ -54,7 +57,7 @@ def main(args: StepArgs) -> None:
     logits = out[:, 0] if len(models) == 1 else ensemble_logits(list(out.unbind(1)))
     values = classification_metrics(logits, test.labels)
     if len(args.input.models) == 1:
-        values["weight_distance"] = distance_from_start(Path(args.input.backbone).parent, args.input.models[0])
+        values["weight_distance"] = distance_from_start(backbone_dir, args.input.models[0], backbone=loaded)
     context = dict(
         experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
         kind=record["method_config"]["kind"], model=args.params["model"], shards=int(w["shards"]),
