@@ -116,6 +116,14 @@ def counting(phase: str, images: int, device: torch.device | str | None = None) 
     p.images += images
 
 
+def counted(phase: str, fn, device: torch.device | str | None = None):
+    """`fn` (a batch → output) with each call counted under `phase` (`counting`)."""
+    def call(x):
+        with counting(phase, len(x), device):
+            return fn(x)
+    return call
+
+
 def device_name(device: str) -> str:
     """The CPU's model name, or the GPU's name."""
     if device == "cuda":

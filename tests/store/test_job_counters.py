@@ -114,3 +114,11 @@ def test_progress_lines_give_the_images_only_where_no_loop_counts(tmp_path):
         nn.Linear(2, 2)(torch.randn(3, 2))
     row = pq.read_table(job_counters.write_counters(tmp_path / "train.log", "train", 1.0)).to_pylist()[0]
     assert (row["images"], row["flop_images"]) == (3, 3)  # the loop's count, not the progress line's
+
+
+def test_counted_wraps_a_batch_function():
+    lin = nn.Linear(4, 3, bias=False)
+    fn = job_counters.counted("eval", lin, "cpu")
+    x = torch.randn(6, 4)
+    assert torch.equal(fn(x), lin(x)) and torch.equal(fn(x[:2]), lin(x[:2]))
+    assert (job_counters.PHASES["eval"].images, job_counters.PHASES["eval"].flops_per_image) == (8, 2 * 4 * 3)
