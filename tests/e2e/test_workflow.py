@@ -64,7 +64,7 @@ def test_report_has_the_per_rule_efficiency_table(study):
         assert 0 < r.peak_pct and r.peak_gflop_per_s > 0, rule
     # an ensemble job counts each test image once (one prefix pass for its shard models)
     test_images = duckdb.sql(f"""SELECT any_value(num_samples) FROM read_parquet('{study}/results/metrics/evaluate/**/*.parquet')
-                                 WHERE model = 'ensemble'""").fetchone()[0]
+                                 WHERE model = 'ensemble'""").fetchall()[0][0]
     assert df.loc["evaluate_ensemble"].images == test_images * df.loc["evaluate_ensemble"].jobs
     assert df.loc["features"].images > 0  # from its progress lines (no FLOP count there)
     assert abs(df.wall_share_pct.sum() - 100) < 1e-6
