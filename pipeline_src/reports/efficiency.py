@@ -138,7 +138,11 @@ def efficiency_report(con: duckdb.DuckDBPyConnection, out_dir: Path,
     title = ("Per-rule efficiency: wall time (Snakemake benchmark files), images and model FLOPs (the jobs' "
              "counters, torch FlopCounterMode) against the measured GEMM peak"
              + (f" ({where})" if where else ""))
-    return save_table(table, out_dir, "efficiency", title, floatfmt=".3g")
+    formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "images": ".0f", "images_per_s": ".1f",
+               "gflop_per_image": ".4g", "gflop_per_s": ".3g", "peak_gflop_per_s": ".1f", "peak_pct": ".2f",
+               "threads": ".0f"}
+    return save_table(table, out_dir, "efficiency", title, floatfmt=tuple(formats.get(c, "g") for c in table.columns),
+                      blank_missing=True)
 
 
 REPORTS = {"efficiency": efficiency_report}
