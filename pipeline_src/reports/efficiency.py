@@ -10,7 +10,8 @@ Columns: jobs, total wall time and its share of the study, the share of that wal
 step itself (the rest is start-up: Snakemake's script, imports, loading), images, images/s,
 GFLOP per image, achieved GFLOP/s over the jobs' wall time, and that as a percentage of the
 machine's GEMM peak measured here at the jobs' thread count (`store/gemm_peak.py`, float32; the
-table's title names the device). Rules whose jobs count no images (prepare, compose, ...) show
+table's title names the device), and the same over the steps' own wall time (start-up excluded:
+what is left is the model loop's own distance from the hardware). Rules whose jobs count no images (prepare, compose, ...) show
 only their time. A rule's jobs without a counters file (written before counting existed, or a
 step that counts nothing) take their rule from the log folder.
 """
@@ -80,7 +81,7 @@ def rule_table(jobs: pd.DataFrame, peak: Callable[[str, int], tuple[float, str] 
                "images_per_s": counted.images.sum() / counted.wall_s.sum() if len(counted) and counted.wall_s.sum() > 0
                else None,
                "gflop_per_image": None, "gflop_per_s": None, "peak_gflop_per_s": None, "peak_pct": None,
-               "device": None, "threads": None}
+               "in_step_peak_pct": None, "device": None, "threads": None}
         if len(flopped):
             flops, wall = flopped.flops.sum(), flopped.wall_s.sum()
             device = flopped.device.mode().iloc[0]
@@ -91,6 +92,9 @@ def rule_table(jobs: pd.DataFrame, peak: Callable[[str, int], tuple[float, str] 
             if measured is not None and row["gflop_per_s"] is not None:
                 row["peak_gflop_per_s"] = measured[0] / 1e9
                 row["peak_pct"] = 100 * row["gflop_per_s"] / row["peak_gflop_per_s"]
+                step_wall = flopped.step_wall_s.sum()
+                if flopped.step_wall_s.notna().all() and step_wall > 0:  # the same FLOPs over the step's own time
+                    row["in_step_peak_pct"] = 100 * flops / step_wall / measured[0]
         rows.append(row)
     return pd.DataFrame(rows).sort_values("wall_s", ascending=False, ignore_index=True)
 
@@ -140,6 +144,7 @@ def efficiency_report(con: duckdb.DuckDBPyConnection, out_dir: Path,
              + (f" ({where})" if where else ""))
     formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "images": ".0f", "images_per_s": ".1f",
                "gflop_per_image": ".4g", "gflop_per_s": ".3g", "peak_gflop_per_s": ".1f", "peak_pct": ".2f",
+               "in_step_peak_pct": ".2f",
                "threads": ".0f"}
     return save_table(table, out_dir, "efficiency", title, floatfmt=tuple(formats.get(c, "g") for c in table.columns),
                       blank_missing=True)

@@ -84,6 +84,7 @@ def test_efficiency_table(study, tmp_path):
     assert tr.gflop_per_image == pytest.approx(2e-3)
     assert tr.gflop_per_s == pytest.approx(4000 * 2e6 / 40 / 1e9)
     assert tr.peak_gflop_per_s == pytest.approx(1.0) and tr.peak_pct == pytest.approx(20.0)
+    assert tr.in_step_peak_pct == pytest.approx(100 * 4000 * 2e6 / 36 / 1e9)  # over the steps' 8 + 28 s
     # two threads: the peak at two threads
     assert ev.images_per_s == pytest.approx(25.0) and ev.gflop_per_s == pytest.approx(0.25)
     assert ev.peak_gflop_per_s == pytest.approx(2.0) and ev.peak_pct == pytest.approx(12.5)
