@@ -28,7 +28,7 @@ def share_frozen_tensors(models: Sequence[nn.Module]) -> int:
     for model in models[1:]:
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             r = ref.get(name)
-            if (r is None or t is r or t.requires_grad or r.requires_grad or t.shape != r.shape
+            if (r is None or t is r or t.data_ptr() == r.data_ptr() or t.requires_grad or r.requires_grad or t.shape != r.shape
                     or t.dtype != r.dtype or t.device != r.device or not torch.equal(t, r)):
                 continue
             t.data = r.data  # the same storage; the copy is freed with its last reference

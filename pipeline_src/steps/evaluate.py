@@ -42,7 +42,7 @@ def main(args: StepArgs) -> None:
         model, record, backbone_record = load_tuned_model(backbone_dir, path, backbone=loaded)
         models.append(model.to(device).eval())
         records.append(record)
-        share_frozen_tensors(models)  # N shard models hold one copy of the frozen backbone
+        share_frozen_tensors([models[0], models[-1]])  # N shard models hold one copy of the frozen backbone
     if any(r["method_config"] != record["method_config"] for r in records):
         raise ValueError(f"evaluate: the models {list(args.input.models)} differ in their method settings; "
                          "an ensemble is of one method's shard models")
