@@ -54,6 +54,7 @@ from pipeline_src.store.benchmark_rows import (  # noqa: E402
     pin_mmap_threshold,
     write_benchmark_rows,
 )
+from pipeline_src.store.job_counters import flop_counter  # noqa: E402
 
 
 def tensor_mb(tensors: Iterable[torch.Tensor]) -> float:
@@ -252,6 +253,19 @@ def main() -> None:
         cpu_txt = f"   cpu time {g_c / one_c:.2f}x" if dev.type == "cpu" else ""
         print(f"  {grid_case} vs one LAST network: memory {g_mem / one_mem:.2f}x   time {g_t / one_t:.2f}x{cpu_txt}")
     print("  goals: LAST memory <= 25% and time <= 50% of full FT; grid16 <= 3x one network")
+    if "last" in registered and grid_case in registered:
+        # The arithmetic of the grid ratio: FLOPs per step (torch FlopCounterMode), attention apart.
+        print("model FLOPs per step (FlopCounterMode; attention = SDPA forward + backward):")
+        counts = {}
+        for case in ("last", grid_case):
+            with flop_counter() as fc:
+                registered[case][0]()
+            by_op = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+            attn = sum(v for k, v in by_op.items() if "attention" in k)
+            counts[case] = (fc.get_total_flops(), attn)
+            print(f"  {case:12s} {fc.get_total_flops() / 1e9:8.3f} GFLOP, of which attention {attn / 1e9:.3f}")
+        (one, one_a), (grid_f, grid_a) = counts["last"], counts[grid_case]
+        print(f"  non-attention FLOPs {grid_case} / one network: {(grid_f - grid_a) / (one - one_a):.2f}x")
 
 
 if __name__ == "__main__":

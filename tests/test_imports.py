@@ -19,22 +19,22 @@ PKG = REPO / "pipeline_src"
 # Leaf modules import nothing of the package and have their own entry, so the parse-time
 # `plan` may use them: `methods.kinds` (per-kind facts, torch-free), `store.atomic` and
 # `optim.schedule` (the LR schedule, pure arithmetic: `plan` checks `train.schedule` with it);
-# `memory` (glibc allocator control) serves every job-time layer.
-LEAVES = ("methods.kinds", "store.atomic", "optim.schedule", "memory")
+# `job` (glibc allocator control, work counters) serves every job-time layer.
+LEAVES = ("methods.kinds", "store.atomic", "optim.schedule", "job")
 LIBRARIES = {"taft", "last", "dp", "matching", "fusion", "optim", "vit"}
 ALLOWED: dict[str, set[str]] = {
     "methods.kinds": set(),
     "store.atomic": set(),
     "optim.schedule": set(),
-    "memory": set(),  # allocator control (glibc malloc_trim), used by every layer's batch loops
+    "job": set(),  # allocator control and work counters, used by every layer's batch loops
     "plan": {"methods.kinds", "store.atomic", "optim.schedule"},
-    "store": {"plan", "methods.kinds", "memory"},
-    "data": {"plan", "store", "memory"},
-    **{lib: set(LIBRARIES) | {"memory"} for lib in LIBRARIES},
-    "methods": {"plan", "store", "data", "methods.kinds", "memory"} | LIBRARIES,
-    "runner": {"store", "memory"},
+    "store": {"plan", "methods.kinds", "job"},
+    "data": {"plan", "store", "job"},
+    **{lib: set(LIBRARIES) | {"job"} for lib in LIBRARIES},
+    "methods": {"plan", "store", "data", "methods.kinds", "job"} | LIBRARIES,
+    "runner": {"store", "job"},
     "reports": {"plan", "store"},
-    "steps": {"plan", "store", "data", "methods", "methods.kinds", "runner", "reports", "memory"} | LIBRARIES,
+    "steps": {"plan", "store", "data", "methods", "methods.kinds", "runner", "reports", "job"} | LIBRARIES,
 }
 
 
@@ -126,10 +126,10 @@ def test_layering_contract():
 
 def test_libraries_import_nothing_of_the_pipeline():
     """taft/, last/, dp/, matching/, fusion/, optim/ and vit/ import only one another and the
-    `memory` leaf (and torch, timm, Opacus, numpy, scipy): no `plan`, `store`, `data`, `methods`,
+    `job` leaf (and torch, timm, Opacus, numpy, scipy): no `plan`, `store`, `data`, `methods`,
     `runner`, `reports` or `steps`, whether at module level or inside a function."""
     bad = [f"{mod} -> {dep}" for mod, deps in graph().items() if layer(mod) in LIBRARIES
-           for dep in sorted(deps) if layer(dep).split(".")[0] not in LIBRARIES | {"memory"}]
+           for dep in sorted(deps) if layer(dep).split(".")[0] not in LIBRARIES | {"job"}]
     assert bad == [], "a library imports the pipeline:\n" + "\n".join(bad)
 
 

@@ -14,7 +14,7 @@ import torch
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
 from pipeline_src.data.npy_rows import NpyRows
-from pipeline_src.memory.glibc_malloc import release_freed
+from pipeline_src.job.glibc_malloc import release_freed
 
 IMAGES_FILE = "images.npy"
 
@@ -178,7 +178,7 @@ class SampleStore:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 out = fn(to_model_input(images, mean, std))
             outs.append(out.float() if autocast else out)
-            release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+            release_freed()  # the batch's freed tensors leave the RSS (`job/glibc_malloc.py`)
         if not outs:
             raise ValueError("SampleStore.apply: no samples")
         return torch.cat(outs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from pipeline_src.store.job_counters import note_logged_images
+
 
 class Throughput:
     """Counts images and the wall time since the last line.
@@ -22,6 +24,7 @@ class Throughput:
         """The images/s since the last line, then starts counting afresh."""
         seconds = max(time.perf_counter() - self.t0, 1e-9)
         text = f"{self.desc}{what}: {self.images} images in {seconds:.2f} s, {self.images / seconds:.1f} images/s"
+        note_logged_images(self.images)  # the job's images where its model loop counts none itself
         self.images, self.t0 = 0, time.perf_counter()
         return text
 

@@ -36,7 +36,7 @@ from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
 from pipeline_src.dp.secret_randomness import secret_generator
-from pipeline_src.memory.glibc_malloc import release_freed
+from pipeline_src.job.glibc_malloc import release_freed
 
 MODES = ("bk", "fast", "ghost", "hooks")
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -277,7 +277,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                     dp_backward(module, dp_opt, losses, mode)
                     loss_value = float(losses.detach().mean())
                 dp_opt.step()
-                release_freed()  # the step's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+                release_freed()  # the step's freed tensors leave the RSS (`job/glibc_malloc.py`)
                 step += 1
                 if progress is not None:
                     progress({"step": step, "epoch": epoch, "loss": loss_value, "batch": n})

@@ -18,7 +18,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.fusion.soup import check_same_keys, weighted_average
-from pipeline_src.memory.glibc_malloc import release_freed
+from pipeline_src.job.glibc_malloc import release_freed
 
 
 def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor | None = None,
@@ -73,7 +73,7 @@ def diagonal_fisher(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
             for name, g in grads.items():
                 acc[name] += (g ** 2).sum(0)
             del grads
-            release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+            release_freed()  # the batch's freed tensors leave the RSS (`job/glibc_malloc.py`)
     finally:
         model.train(was_training)
         for m in fused:

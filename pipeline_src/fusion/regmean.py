@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from pipeline_src.fusion.soup import check_same_keys, weighted_average
-from pipeline_src.memory.glibc_malloc import release_freed
+from pipeline_src.job.glibc_malloc import release_freed
 
 
 def linear_input_grams(model: nn.Module, inputs: torch.Tensor, batch_size: int = 64) -> dict[str, torch.Tensor]:
@@ -58,7 +58,7 @@ def linear_input_grams(model: nn.Module, inputs: torch.Tensor, batch_size: int =
         with torch.no_grad():
             for start in range(0, len(inputs), batch_size):
                 model(inputs[start:start + batch_size])
-                release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+                release_freed()  # the batch's freed tensors leave the RSS (`job/glibc_malloc.py`)
     finally:
         for h in handles:
             h.remove()

@@ -27,6 +27,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
 from torch.func import stack_module_state
 
+from pipeline_src.job.counters import counting
 from pipeline_src.last.features import BlockBatches, feature_keys, side_inputs
 from pipeline_src.last.low_rank_stream import stacked_logits
 from pipeline_src.last.train import (
@@ -161,7 +162,8 @@ def train_side_grid(backbone: VisionTransformer, features: Mapping[str, Tensor] 
         batch = {k: z.to(dev) for k, z in source.batch(idx, keys).items()}
         for g in grid.groups:
             g.lr_factor = lr_factor(schedule or {}, step, steps_per_epoch, epochs * steps_per_epoch)
-        losses = grid.step(batch, labels[idx].to(dev))
+        with counting("train", len(idx), dev):  # each image through every member
+            losses = grid.step(batch, labels[idx].to(dev))
         if progress is not None:
             progress(step // steps_per_epoch, step, losses)
     return grid.state_dicts()

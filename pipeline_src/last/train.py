@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
 
+from pipeline_src.job.counters import counting
 from pipeline_src.last.features import BlockBatches
 from pipeline_src.last.side_network import SideNetwork
 from pipeline_src.optim.schedule import apply_schedule
@@ -113,11 +114,12 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
     steps_per_epoch = -(-n // batch_size)
     for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):
         batch = [z.to(dev) for z in source.batch(idx, keys).values()]
-        loss = F.cross_entropy(net(batch), labels[idx].to(dev))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        apply_schedule(opt, m["lr"], schedule, step, steps_per_epoch, epochs * steps_per_epoch)
-        opt.step()
+        with counting("train", len(idx), dev):
+            loss = F.cross_entropy(net(batch), labels[idx].to(dev))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            apply_schedule(opt, m["lr"], schedule, step, steps_per_epoch, epochs * steps_per_epoch)
+            opt.step()
         if progress is not None:
             progress(step // steps_per_epoch, step, loss.detach().reshape(1))
     return {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}

@@ -15,9 +15,9 @@ from torch import nn
 
 from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore, StoredImages
+from pipeline_src.job.glibc_malloc import release_freed
 from pipeline_src.matching import block_indices, match_lsa_state_dict, match_to_anchor, matched_keys
 from pipeline_src.matching.lsa_rotation import find_lsa_prefixes
-from pipeline_src.memory.glibc_malloc import release_freed
 from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.vit.parts import FromPrefix
 
@@ -188,7 +188,7 @@ def logits_of_states(template: nn.Module, states: list[dict], h, batch_size: int
         for out, state in zip(outs, states):
             template.load_trainable_state(state)
             out.append(template.forward_from_prefix(batch).cpu())
-        release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+        release_freed()  # the batch's freed tensors leave the RSS (`job/glibc_malloc.py`)
     return [torch.cat(o) for o in outs]
 
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from pipeline_src.data.throughput import Throughput
-from pipeline_src.memory.glibc_malloc import release_freed
+from pipeline_src.job.counters import counting
+from pipeline_src.job.glibc_malloc import release_freed
 from pipeline_src.optim.schedule import apply_schedule
 
 
@@ -64,11 +65,12 @@ def fit(
         total = 0.0
         for start in range(0, len(inputs), batch_size):
             idx = order[start:start + batch_size]
-            loss = loss_fn(forward(inputs[idx]), labels[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            apply_schedule(opt, lr, schedule, step, steps_per_epoch, epochs * steps_per_epoch)
-            opt.step()
+            with counting("train", len(idx), inputs.device):
+                loss = loss_fn(forward(inputs[idx]), labels[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                apply_schedule(opt, lr, schedule, step, steps_per_epoch, epochs * steps_per_epoch)
+                opt.step()
             step += 1
             total += loss.item() * len(idx)
             bar.update(1)
@@ -91,5 +93,5 @@ def batched_apply(fn: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tens
     outs = []
     for i in range(0, len(inputs), batch_size):
         outs.append(fn(inputs[i:i + batch_size]))
-        release_freed()  # the batch's freed tensors leave the RSS (`memory/glibc_malloc.py`)
+        release_freed()  # the batch's freed tensors leave the RSS (`job/glibc_malloc.py`)
     return torch.cat(outs)

@@ -30,14 +30,15 @@ def state_distance(state: dict[str, torch.Tensor], start: dict[str, torch.Tensor
     return total ** 0.5
 
 
-def distance_from_start(backbone_dir: str | Path, weights_path: str | Path) -> float:
+def distance_from_start(backbone_dir: str | Path, weights_path: str | Path, backbone=None) -> float:
     """The L2 distance of a trained (or composed) model's tensors from their starting values.
 
     Args:
         backbone_dir: folder of the pretrained backbone (`load_backbone`).
         weights_path: the model's `.safetensors` file (with its record beside it).
+        backbone: `load_backbone(backbone_dir)`, already loaded; it is copied, not changed.
     """
-    backbone, _ = load_backbone(backbone_dir)
+    backbone, _ = backbone or load_backbone(backbone_dir)
     state, record = load_model(weights_path)
     start = build_tuned_model(backbone, record["method_config"], record["num_classes"], record["head_seed"])
     return state_distance(state, start.trainable_state())

@@ -6,10 +6,17 @@ from pathlib import Path
 from pipeline_src.store.atomic import atomic_path, write_text
 
 
-def save_table(df, out_dir: Path, stem: str, title: str, floatfmt: str = ".4f") -> list[Path]:
-    """Write `<stem>.md` (titled table) and `<stem>.csv` of a DataFrame; return both paths."""
+def save_table(df, out_dir: Path, stem: str, title: str, floatfmt: str | tuple[str, ...] = ".4f",
+               blank_missing: bool = False) -> list[Path]:
+    """Write `<stem>.md` (titled table) and `<stem>.csv` of a DataFrame; return both paths.
+
+    Args:
+        floatfmt: one format for every float column, or one per column.
+        blank_missing: empty Markdown cells for missing values (else `nan`).
+    """
     md, csv = out_dir / f"{stem}.md", out_dir / f"{stem}.csv"
-    write_text(f"# {title}\n\n" + df.to_markdown(index=False, floatfmt=floatfmt) + "\n", md)
+    shown = df.astype(object).where(df.notna(), None) if blank_missing else df
+    write_text(f"# {title}\n\n" + shown.to_markdown(index=False, floatfmt=floatfmt, missingval="") + "\n", md)
     write_text(df.to_csv(index=False), csv)
     return [md, csv]
 

@@ -82,6 +82,7 @@ def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list
     from pipeline_src.reports import ablations as report_ablations
     from pipeline_src.reports import benchmarks as report_benchmarks
     from pipeline_src.reports import claims as report_claims
+    from pipeline_src.reports import efficiency as report_efficiency
     from pipeline_src.reports import fusion as report_fusion
     from pipeline_src.reports import last_grid as report_last
     from pipeline_src.reports import privacy as report_privacy
@@ -89,7 +90,7 @@ def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list
 
     reports = {**report_claims.REPORTS, "accuracy": accuracy_report, "table1": taft_table1, "table2": taft_table2}
     for extra in (report_fusion.REPORTS, report_privacy.REPORTS, report_unlearning.REPORTS, report_last.REPORTS,
-                  report_benchmarks.REPORTS, report_ablations.REPORTS):
+                  report_benchmarks.REPORTS, report_ablations.REPORTS, report_efficiency.REPORTS):
         clash = set(reports) & set(extra)
         if clash:
             raise ValueError(f"report names registered twice: {sorted(clash)}")

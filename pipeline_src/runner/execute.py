@@ -13,10 +13,10 @@ import time
 import traceback
 from pathlib import Path
 
-from pipeline_src.memory.glibc_malloc import set_mmap_threshold
+from pipeline_src.job.glibc_malloc import set_mmap_threshold
 from pipeline_src.runner.step_args import StepArgs
 
-# Tensors of 4 MiB and more are their own mappings, freed back to the OS (`memory/glibc_malloc.py`):
+# Tensors of 4 MiB and more are their own mappings, freed back to the OS (`job/glibc_malloc.py`):
 # a LAST shard job at 2,000 images peaked at 1.29 GB instead of 1.8-2.0 GB, a TAFT job at +3 % wall.
 # (128 KiB, the pin of the memory benchmarks, cost TAFT +10 %.) MALLOC_MMAP_THRESHOLD_ set by the user wins.
 JOB_MMAP_THRESHOLD = 4 << 20
@@ -39,14 +39,20 @@ def execute(step: str, args: StepArgs) -> int:
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
     job_allocator()
+    from pipeline_src.store import job_counters  # here: the Snakemake client process needs no pyarrow
+
+    job_counters.reset()
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         importlib.import_module(f"pipeline_src.steps.{step}").main(args)
+        wall = time.perf_counter() - t0
+        if args.log:  # images and model FLOPs, for the report's efficiency table
+            job_counters.write_counters(args.log[0], args.rule or step, wall)
         # The exact peak (Snakemake's benchmark files sample it and can miss short peaks);
         # benchmarks/bench_scale.py reads this line. The CPU seconds (all threads) tell a busy
         # machine's wall time from the work itself. Not after a failure: the error stays last.
         print(f"[launch] peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB, "
-              f"wall {time.perf_counter() - t0:.2f} s, cpu {time.process_time() - cpu0:.2f} s", flush=True)
+              f"wall {wall:.2f} s, cpu {time.process_time() - cpu0:.2f} s", flush=True)
         return 0
     except Exception:
         traceback.print_exc()

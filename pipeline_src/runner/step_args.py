@@ -40,6 +40,7 @@ class StepArgs:
     threads: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    rule: str = ""  # the Snakemake rule (recorded with the job's counters)
 
 
 def _paths(named_list) -> Paths:
@@ -53,5 +54,5 @@ def from_snakemake(smk) -> StepArgs:
     return StepArgs(
         input=_paths(smk.input), output=_paths(smk.output), params=dict(smk.params.items()),
         wildcards=dict(smk.wildcards.items()), log=_paths(smk.log), threads=int(smk.threads),
-        resources=resources, config=dict(smk.config),
+        resources=resources, config=dict(smk.config), rule=str(getattr(smk, "rule", "") or ""),
     )

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from pipeline_src.memory.glibc_malloc import glibc, set_mmap_threshold
+from pipeline_src.job.glibc_malloc import glibc, set_mmap_threshold
 from pipeline_src.plan.environment import fingerprint_json
 from pipeline_src.store.atomic import write_parquet
 from pipeline_src.store.provenance import git_commit

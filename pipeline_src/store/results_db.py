@@ -8,6 +8,7 @@
 | manifests | shard manifests `results/split/**/shard*.parquet` (each shard's training ids), with the file name |
 | samples | `results/prepare/samples.parquet` |
 | jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
+| job_counters | each job's own counters beside its log, `results/logs/**/*.counters.parquet`: images and model FLOPs (`pipeline_src/store/job_counters.py`) |
 | environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
 Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
@@ -32,6 +33,7 @@ VIEWS = {
     "manifests": ("split/**/shard*.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
     "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
     "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
+    "job_counters": ("logs/**/*.counters.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true, filename=true)"),
 }
 
 

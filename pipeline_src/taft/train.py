@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
+from pipeline_src.job.counters import counting
 from pipeline_src.optim.schedule import apply_schedule, lr_factor
 from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS, stacked_adamw_
 from pipeline_src.taft.jvp_layers import primal_grad_mode
@@ -110,7 +111,8 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
             h = features[idx].to(device=device, dtype=dtype)
             y = labels[idx].to(device)
             apply_schedule(opt, lr, schedule, steps, -(-n // batch_size), epochs * -(-n // batch_size))
-            total += tangent_step(model, opt, h, y, loss_fn, weight_decay_l2, radius) * len(idx)
+            with counting("train", len(idx), device):
+                total += tangent_step(model, opt, h, y, loss_fn, weight_decay_l2, radius) * len(idx)
             steps += 1
         history.append(total / n)
         if progress is not None:
@@ -171,7 +173,8 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
         for step in range(max(steps_per_epoch)):
             h, y, mask, counts = _padded_batch(shards, perms, step, batch_size, device, dtype)
             active = counts > 0  # (S,)
-            grads, losses = grad_fn(params, h, y, mask)
+            with counting("train", int(counts.sum()), device):  # FLOPs of the padded batch, as computed
+                grads, losses = grad_fn(params, h, y, mask)
             step_count += active.to(device)
             lrs = lr if not schedule or schedule.get("name") == "constant" else torch.tensor(  # per shard, at its own step
                 [lr * lr_factor(schedule, k - 1, spe, spe * epochs) for k, spe in zip(step_count.tolist(),

@@ -92,6 +92,25 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     assert len(peaks) == 5 and all(p > 100 for (p,) in peaks)
 
 
+def test_report_has_the_per_rule_efficiency_table(study):
+    """Issue 25: the report's efficiency table, from the jobs' benchmark files and own counters."""
+    report = study / "results" / "report"
+    assert "(efficiency.md)" in (report / "index.md").read_text()
+    df = duckdb.read_csv(str(report / "efficiency.csv")).df().set_index("rule")
+    jobs = list((study / "results" / "logs").rglob("*.bench.tsv"))
+    assert df.jobs.sum() == len(jobs) and {"prepare", "pretrain", "train", "evaluate_ensemble"} <= set(df.index)
+    for rule in ("pretrain", "train", "train_vectorized_taft-1-vec_n2", "evaluate_shard", "evaluate_ensemble", "last_grid"):
+        r = df.loc[rule]
+        assert r.images > 0 and r.images_per_s > 0 and r.gflop_per_image > 0 and r.gflop_per_s > 0, rule
+        assert 0 < r.peak_pct and r.peak_gflop_per_s > 0, rule
+    # an ensemble job counts each test image once (one prefix pass for its shard models)
+    test_images = duckdb.sql(f"""SELECT any_value(num_samples) FROM read_parquet('{study}/results/metrics/evaluate/**/*.parquet')
+                                 WHERE model = 'ensemble'""").fetchall()[0][0]
+    assert df.loc["evaluate_ensemble"].images == test_images * df.loc["evaluate_ensemble"].jobs
+    assert df.loc["features"].images > 0  # from its progress lines (no FLOP count there)
+    assert abs(df.wall_share_pct.sum() - 100) < 1e-6
+
+
 def test_weight_distance_rows_and_fig4_report(study):
     """TAFT Fig. 4: every single model's distance from its start; the taft Δw sum is no farther
     than its shards on average (triangle inequality, uniform weights), and the report tabulates it."""

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 PROBE = """
 import re, sys
 import numpy as np
-from pipeline_src.memory.glibc_malloc import set_mmap_threshold
+from pipeline_src.job.glibc_malloc import set_mmap_threshold
 def rss_mb():
     return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
 if sys.argv[1] == "pin":

@@ -22,6 +22,7 @@ from pipeline_src.methods.training import batched_apply
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.privacy.compose import composed_privacy
+from pipeline_src.store.job_counters import counted
 from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
@@ -50,9 +51,9 @@ def main(args: StepArgs) -> None:
         if cached:  # the prefix is frozen: the cached features are exactly its output, read a batch at a time
             feats = CachedRows(FeatureCache(args.input.features), test.rows, device,
                                blocks=getattr(model, "cache_blocks", None))  # the blocks this method reads (LAST)
-            logits = batched_apply(model.forward_from_prefix, feats, batch_size)
+            logits = batched_apply(counted("eval", model.forward_from_prefix, device), feats, batch_size)
         else:
-            logits = store.apply(model, test.ids, backbone_record["mean"], backbone_record["std"], device,
+            logits = store.apply(counted("eval", model, device), test.ids, backbone_record["mean"], backbone_record["std"], device,
                                  batch_size=batch_size)
         all_logits.append(logits.cpu())
         records.append(record)

@@ -1,0 +1,102 @@
+"""A job's own work counters, kept in the job's process: images through its model and the model's
+FLOPs (`reports/efficiency.py` reads what `store/job_counters.py` writes from them).
+
+A model loop wraps each batch in `counting(phase, images, device)`. Every call adds the batch's
+images to the phase; the first call of a phase in the job runs under PyTorch's
+`FlopCounterMode` (matmuls, convolutions and attention, forward and backward as they run: nothing
+is counted by hand) and gives the phase's FLOPs per image. The FLOPs of a batch do not depend on
+which images it holds, only on their number, so one batch measures them.
+
+Counting observes the ops without changing them: the results are bit-identical with and without.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Phase:
+    images: int = 0
+    flops_per_image: float | None = None
+
+
+PHASES: dict[str, Phase] = {}
+_DEVICE: dict[str, str] = {}
+# Images of the job's progress lines (`data/throughput.py`): the job's images when no model loop
+# counts them itself (e.g. `features`), with no FLOPs.
+LOGGED: dict[str, int] = {"images": 0}
+
+
+def reset() -> None:
+    """Forget the counts (a new job in this process)."""
+    PHASES.clear()
+    _DEVICE.clear()
+    LOGGED["images"] = 0
+
+
+def note_logged_images(n: int) -> None:
+    """Images a progress line reported (used only if no `counting` phase counted any)."""
+    LOGGED["images"] += n
+
+
+def flop_counter():
+    """`FlopCounterMode` that also counts the CPU's fused attention kernels: torch registers its
+    SDPA formulas for the CUDA kernels only, so the same formulas are mapped onto the CPU ops."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    aten = torch.ops.aten
+
+    def raw(formula):  # the registry's entries already take (args, out_val)
+        def f(*args, **kwargs):
+            return formula(*args, **kwargs)
+        f._get_raw = True
+        return f
+
+    cpu = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        cpu[aten._scaled_dot_product_flash_attention_for_cpu] = raw(flop_registry[aten._scaled_dot_product_flash_attention])
+        cpu[aten._scaled_dot_product_flash_attention_for_cpu_backward] = raw(
+            flop_registry[aten._scaled_dot_product_efficient_attention_backward])
+    return FlopCounterMode(display=False, custom_mapping=cpu)
+
+
+def count_flops(fn, *args, **kwargs) -> tuple[object, int]:
+    """Run `fn(*args, **kwargs)` under the FLOP counter; return its result and the FLOPs."""
+    with flop_counter() as counter:
+        out = fn(*args, **kwargs)
+    return out, int(counter.get_total_flops())
+
+
+@contextmanager
+def counting(phase: str, images: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """Count a batch of `images` under `phase`; the phase's first batch also counts its FLOPs.
+
+    Args:
+        phase: what the model does (`train`: forward, backward and update; `eval`: forward).
+        images: images (or feature rows) in the batch.
+        device: where the model runs (recorded with the counters).
+    """
+    p = PHASES.setdefault(phase, Phase())
+    if device is not None and "device" not in _DEVICE:
+        _DEVICE["device"] = str(device).split(":")[0]
+    if p.flops_per_image is None and images > 0:
+        with flop_counter() as counter:
+            yield
+        p.flops_per_image = counter.get_total_flops() / images
+    else:
+        yield
+    p.images += images
+
+
+def counted(phase: str, fn, device: torch.device | str | None = None):
+    """`fn` (a batch → output) with each call counted under `phase` (`counting`)."""
+    def call(x):
+        with counting(phase, len(x), device):
+            return fn(x)
+    return call

@@ -1,1 +1,0 @@
-"""Process memory control shared by every layer (a leaf: it imports nothing of the package)."""

@@ -1,0 +1,153 @@
+"""The per-rule efficiency table: where a study's time goes and how far each rule is from the hardware.
+
+`efficiency.{md,csv}`, one row per rule, from two kinds of small files under `results/logs/`:
+- Snakemake's benchmark files (`<job>.bench.tsv`, the `jobs` view): each job's wall time `s`;
+- the jobs' own counters (`<job>.counters.parquet`, the `job_counters` view, written by
+  `store/job_counters.py`): images (or feature rows) through the model, every epoch counted, and
+  the model FLOPs counted by PyTorch's `FlopCounterMode` on the job's first batch.
+
+Columns: jobs, total wall time and its share of the study, the share of that wall time inside the
+step itself (the rest is start-up: Snakemake's script, imports, loading), images, images/s,
+GFLOP per image, achieved GFLOP/s over the jobs' wall time, and that as a percentage of the
+machine's GEMM peak measured here at the jobs' thread count (`store/gemm_peak.py`, float32; the
+table's title names the device), and the same over the steps' own wall time (start-up excluded:
+what is left is the model loop's own distance from the hardware). Rules whose jobs count no images (prepare, compose, ...) show
+only their time. A rule's jobs without a counters file (written before counting existed, or a
+step that counts nothing) take their rule from the log folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import pandas as pd
+
+from pipeline_src.reports.files import has_rows, save_table
+
+JOBS_SQL = """
+SELECT j.filename AS path, j.s AS wall_s, c.rule, c.images, c.flops, c.flop_images, c.device, c.device_name,
+       c.threads, c.step_wall_s
+FROM (SELECT filename, sum(s) AS s FROM jobs GROUP BY filename) j
+LEFT JOIN {counters} c
+  ON regexp_replace(j.filename, '\\.bench\\.tsv$', '') = regexp_replace(c.filename, '\\.counters\\.parquet$', '')
+"""
+NO_COUNTERS = ("(SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS rule, NULL::BIGINT AS images, "
+               "NULL::DOUBLE AS flops, NULL::BIGINT AS flop_images, NULL::VARCHAR AS device, "
+               "NULL::VARCHAR AS device_name, NULL::INTEGER AS threads, NULL::DOUBLE AS step_wall_s WHERE false)")
+
+# Log folders whose jobs come from more than one rule: the job file's stem tells them apart.
+_BY_STEM = {"evaluate": {"soup": "evaluate_soup", "ensemble": "evaluate_ensemble"}}
+
+
+def rule_of_log(path: str) -> str:
+    """The rule of a job from its benchmark path `.../logs/<folder>/.../<stem>.bench.tsv`."""
+    parts = Path(path).parts
+    folder = parts[parts.index("logs") + 1] if "logs" in parts else Path(path).parent.name
+    stem = Path(path).name.removesuffix(".bench.tsv")
+    if folder == "evaluate":
+        return _BY_STEM["evaluate"].get(stem, "evaluate_shard")
+    if folder == "train" and stem == "vectorized":
+        return "train_vectorized"
+    return folder.removesuffix(".bench.tsv")
+
+
+def job_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """One row per job: its benchmark wall time joined with its counters (NULL where none)."""
+    views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
+    df = con.sql(JOBS_SQL.format(counters="job_counters" if "job_counters" in views else NO_COUNTERS)).df()
+    df["rule"] = [r if isinstance(r, str) and r else rule_of_log(p) for r, p in zip(df.rule, df.path)]
+    return df
+
+
+def rule_table(jobs: pd.DataFrame, peak: Callable[[str, int], tuple[float, str] | None]) -> pd.DataFrame:
+    """Per-rule sums and rates of a `job_table`, longest total wall time first.
+
+    Args:
+        jobs: one row per job (`job_table`).
+        peak: (device, threads) → (GEMM peak FLOP/s, device name) on this machine, or None where
+            the device is not here to measure.
+    """
+    rows = []
+    total_wall = jobs.wall_s.sum()
+    for rule, g in jobs.groupby("rule", sort=False):
+        counted = g[g.images.fillna(0) > 0]
+        flopped = g[g.flops.notna() & (g.flop_images.fillna(0) > 0)]
+        row = {"rule": rule, "jobs": len(g), "wall_s": g.wall_s.sum(),
+               "wall_share_pct": 100 * g.wall_s.sum() / total_wall if total_wall > 0 else None,
+               "in_step_pct": (100 * g.step_wall_s.sum() / g.wall_s[g.step_wall_s.notna()].sum()
+                               if g.step_wall_s.notna().any() and g.wall_s[g.step_wall_s.notna()].sum() > 0 else None),
+               "images": int(counted.images.sum()) if len(counted) else None,
+               "images_per_s": counted.images.sum() / counted.wall_s.sum() if len(counted) and counted.wall_s.sum() > 0
+               else None,
+               "gflop_per_image": None, "gflop_per_s": None, "peak_gflop_per_s": None, "peak_pct": None,
+               "in_step_peak_pct": None, "device": None, "threads": None}
+        if len(flopped):
+            flops, wall = flopped.flops.sum(), flopped.wall_s.sum()
+            device = flopped.device.mode().iloc[0]
+            threads = int(flopped.threads.mode().iloc[0])
+            row.update(gflop_per_image=flops / flopped.flop_images.sum() / 1e9, device=device, threads=threads,
+                       gflop_per_s=flops / wall / 1e9 if wall > 0 else None)
+            measured = peak(device, threads)
+            if measured is not None and row["gflop_per_s"] is not None:
+                row["peak_gflop_per_s"] = measured[0] / 1e9
+                row["peak_pct"] = 100 * row["gflop_per_s"] / row["peak_gflop_per_s"]
+                step_wall = flopped.step_wall_s.sum()
+                if flopped.step_wall_s.notna().all() and step_wall > 0:  # the same FLOPs over the step's own time
+                    row["in_step_peak_pct"] = 100 * flops / step_wall / measured[0]
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values("wall_s", ascending=False, ignore_index=True)
+
+
+def machine_peaks(budget_s: float = 1.5) -> Callable[[str, int], tuple[float, str] | None]:
+    """GEMM peaks of this machine, measured once per (device, threads) on first use, within
+    `budget_s` seconds in all (a probe gets 0.4 s, or what is left)."""
+    import os
+
+    import torch
+
+    from pipeline_src.store.gemm_peak import measure_gemm_peak
+
+    cache: dict[tuple[str, int], tuple[float, str] | None] = {}
+    spent = [0.0]
+
+    def peak(device: str, threads: int) -> tuple[float, str] | None:
+        key = (device, threads)
+        if key not in cache:
+            here = device == "cpu" or (device == "cuda" and torch.cuda.is_available())
+            left = budget_s - spent[0]
+            if not here or left < 0.05:
+                cache[key] = None
+            else:
+                t = min(threads, os.cpu_count() or threads) if device == "cpu" else None
+                p = measure_gemm_peak(device, threads=t, budget_s=min(0.4, left))
+                spent[0] += p.seconds
+                cache[key] = (p.flops_per_s, f"{p.device_name} ({p.threads} thread{'s' * (p.threads > 1)}, "
+                                             f"{p.size}² float32 matmul)")
+        return cache[key]
+
+    peak.cache = cache  # type: ignore[attr-defined]  (read for the table's title)
+    return peak
+
+
+def efficiency_report(con: duckdb.DuckDBPyConnection, out_dir: Path,
+                      peak: Callable[[str, int], tuple[float, str] | None] | None = None) -> list[Path]:
+    """`efficiency.{md,csv}`: the per-rule table; nothing when no job has a benchmark file."""
+    if not has_rows(con, "jobs", "true"):
+        return []
+    peak = peak or machine_peaks()
+    table = rule_table(job_table(con), peak)
+    probes = sorted({(d, t): p for (d, t), p in getattr(peak, "cache", {}).items() if p}.items())
+    where = "; ".join(f"{p[1]}: {p[0] / 1e9:.1f} GFLOP/s" for _, p in probes)
+    title = ("Per-rule efficiency: wall time (Snakemake benchmark files), images and model FLOPs (the jobs' "
+             "counters, torch FlopCounterMode) against the measured GEMM peak"
+             + (f" ({where})" if where else ""))
+    formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "images": ".0f", "images_per_s": ".1f",
+               "gflop_per_image": ".4g", "gflop_per_s": ".3g", "peak_gflop_per_s": ".1f", "peak_pct": ".2f",
+               "in_step_peak_pct": ".2f",
+               "threads": ".0f"}
+    return save_table(table, out_dir, "efficiency", title, floatfmt=tuple(formats.get(c, "g") for c in table.columns),
+                      blank_missing=True)
+
+
+REPORTS = {"efficiency": efficiency_report}
