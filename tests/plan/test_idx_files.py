@@ -224,3 +224,16 @@ def test_real_fashion_mnist_files():
     t = assign_splits(list_samples(cfg), cfg, seed=0).to_pydict()
     target_train = sum(tk == "target" and s == "train" for tk, s in zip(t["task"], t["split"]))
     assert len(t["sample_id"]) == 70000 and 26500 < target_train < 27500  # 30,000 less ~10 % val
+
+
+def test_images_are_resized_as_image_files_are(tmp_path):
+    from PIL import Image
+
+    from pipeline_src.data.images import load_images
+
+    arrays = make_idx(tmp_path, rows=6, cols=6)
+    cfg = idx_cfg(tmp_path, img_size=3, in_chans=3)
+    images = load_images(list_samples(cfg), cfg).numpy()
+    assert images.shape == (42, 3, 3, 3)
+    first = np.asarray(Image.fromarray(arrays["train_images"][0]).resize((3, 3), Image.BILINEAR))
+    assert all(np.array_equal(images[0, c], first) for c in range(3))  # grey repeated over the channels

@@ -77,3 +77,17 @@ def test_digits_labels_equal_scikit_learns_without_importing_it():
     from pipeline_src.plan.samples import digits_labels
 
     assert digits_labels() == load_digits().target.tolist()
+
+
+def test_limit_per_class_selects_the_digits_rows_it_keeps():
+    import numpy as np
+
+    from pipeline_src.plan.samples import split_and_limit
+
+    cfg = {"source": "digits", "img_size": 8, "in_chans": 1, "val_fraction": 0.1, "test_fraction": 0.3,
+           "source_classes": [0], "limit_per_class": 7, "source_limit_per_class": 2}
+    kept = split_and_limit(list_samples(cfg), cfg, seed=0)
+    t = assign_splits(kept, cfg, seed=0).to_pydict()
+    assert len(t["sample_id"]) == 9 * 7 * 3 + 2 * 3  # every class has more than 7 per split
+    everything = load_images(list_samples(cfg | {"limit_per_class": None, "source_limit_per_class": None}), cfg)
+    assert np.array_equal(load_images(kept, cfg).numpy(), everything.numpy()[kept.source_rows])
