@@ -35,7 +35,7 @@ SMALL = {
     "forget": {"study": {"shards": [5], "removed_shards": [1, 2], "requests_per_point": 1,
                          "forget_fractions": [0.02, 0.1]}},
     "fusion": {"shards": [5]},
-    "privacy": {"epochs": 1, "paper": {"epochs": 2}},
+    "privacy": {"epochs": 1, "paper": {"epochs": 2}, "public_train_size": 300},  # 60 x 5 classes, declared
 }
 
 

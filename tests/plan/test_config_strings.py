@@ -24,7 +24,8 @@ def test_strings_are_read_where_the_schema_wants_numbers_booleans_or_null():
     assert got["shards"] == [1, 3] and got["seeds"] == [0]
     assert got["experiment"] == "123"  # the schema wants a string: kept
     assert got["train"] == {"epochs": 3, "lr": 1e-3, "batch_size": 7, "augment": {"enabled": False}}
-    assert got["dataset"] == {"in_chans": 3, "path": "null", "source_classes": [0, 1], "source": "digits"}
+    # source_classes take names or labels: a string stays a name (digits' classes are named "0".."9")
+    assert got["dataset"] == {"in_chans": 3, "path": "null", "source_classes": ["0", "1"], "source": "digits"}
     assert got["methods"]["t"] == {"kind": "taft", "k": 1, "reset": True, "radius": None, "l2": 0}
     assert got["forget"]["study"] == {"methods": ["1"], "shards": [3]}  # method names are strings
     assert given["shards"] == ["1", "3"]  # the input is not changed

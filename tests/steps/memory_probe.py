@@ -27,11 +27,15 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
     from pipeline_src.plan.sharding import shard_manifest
     from tests.steps.helpers import folder_config, run_features, run_prepare, step_args, write_backbone
 
-    cfg = folder_config(root, dataset={"source": "imagefolder", "path": str(root), "img_size": 224, "in_chans": 3},
-                        features={"dtype": "float16"},
-                        methods={"last": {"kind": "last", "rank": 4, "heads": 2, "every": 1}},  # reads all 5 blocks
-                        privacy={"enabled": True, "epsilons": [8], "epochs": 1, "batch_size": 16, "regimes": ["full"]},
-                        shards=[1, 2], fusion={"enabled": True, "shards": [2]})
+    from pipeline_src.plan.samples import count_train_samples
+
+    settings = dict(dataset={"source": "imagefolder", "path": str(root), "img_size": 224, "in_chans": 3},
+                    features={"dtype": "float16"},
+                    methods={"last": {"kind": "last", "rank": 4, "heads": 2, "every": 1}},  # reads all 5 blocks
+                    shards=[1, 2], fusion={"enabled": True, "shards": [2]})
+    n_train = count_train_samples(folder_config(root, **settings))  # the probe declares the true size public
+    cfg = folder_config(root, privacy={"enabled": True, "epsilons": [8], "epochs": 1, "batch_size": 16,
+                                       "regimes": ["full"], "public_train_size": n_train}, **settings)
     cfg["train"]["eval_batch_size"] = 16  # full test batches at both sizes (30 and 120 test images)
     samples = results / "prepare" / "samples.parquet"
     common = {"samples": samples, "backbone": results / "pretrain" / "model.safetensors",
