@@ -24,10 +24,9 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
     import pyarrow.parquet as pq
 
     from pipeline_src.plan.forget import train_ids
+    from pipeline_src.plan.samples import count_train_samples
     from pipeline_src.plan.sharding import shard_manifest
     from tests.steps.helpers import folder_config, run_features, run_prepare, step_args, write_backbone
-
-    from pipeline_src.plan.samples import count_train_samples
 
     settings = dict(dataset={"source": "imagefolder", "path": str(root), "img_size": 224, "in_chans": 3},
                     features={"dtype": "float16"},
