@@ -155,7 +155,7 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
         return
     if not privacy_methods(cfg):
         raise _error("privacy.methods", f"empty, and `methods:` has no method of kind {DP_KINDS}")
-    public_shard_size(cfg, 1)  # set at all
+    public_shard_size(cfg, 1)  # refuses a missing privacy.public_train_size, naming it
     for j, n in enumerate(p["shards"]):
         if n > p["public_train_size"] or (n_train is not None and n > n_train):
             raise _error(f"privacy.shards[{j}]", f"{n} shards but only {p['public_train_size']} public "
@@ -179,11 +179,10 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
             shard_sizes(cfg, n)
         except ValueError as e:  # a shard left empty
             raise _error(f"privacy.shards[{j}]", str(e)) from None
-    sizes = {n: [public[n]] for n in p["shards"]}  # every job plans from the public size
     here = Path(__file__).parent
-    key = {"privacy": p, "sizes": sizes, "opacus": package_version("opacus"),
+    key = {"privacy": p, "opacus": package_version("opacus"),
            "code": [hashlib.sha256((here / f).read_bytes()).hexdigest() for f in ("privacy.py", "rdp_accountant.py")]}
-    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, sizes, paper_used) or "feasible")
+    cached(cache_dir, "privacy_budgets", key, lambda: _check_budgets(p, public, paper_used) or "feasible")
 
 
 def _least_epsilon(accountant: str, sample_rate: float, steps: int, delta: float) -> tuple[float, str]:
@@ -210,13 +209,13 @@ def _integer_order_epsilon(sample_rate: float, steps: int, delta: float) -> floa
                    orders=INTEGER_ORDERS)
 
 
-def _check_budgets(p: dict, sizes: dict[int, list[int]], paper_used: bool) -> None:
-    """Every (ε, shard size) must be reachable by some σ within the planned steps."""
-    # (steps per epoch, epochs, N): ours as pipeline_src.dp.budget.steps_per_epoch, ceil(n / batch_size)
+def _check_budgets(p: dict, public: dict[int, int], paper_used: bool) -> None:
+    """Every (ε, public shard size n̄) must be reachable by some σ within the planned steps."""
+    # (steps per epoch, epochs, N): ours as pipeline_src.dp.budget.steps_per_epoch, ceil(n̄ / batch_size)
     # at rate 1/that; the paper protocol one full-batch step per epoch (rate 1)
     plans = set()
     if p["protocol"] == "ours":
-        plans |= {(-(-s // p["batch_size"]), p["epochs"], n) for n in p["shards"] for s in sizes[n]}
+        plans |= {(-(-public[n] // p["batch_size"]), p["epochs"], n) for n in p["shards"]}
     if paper_used:
         plans |= {(1, p["paper"]["epochs"], n) for n in p["shards"]}
     floors, bounds = {}, {}  # (steps per epoch, steps) -> least ε (and an upper bound): independent of the target

@@ -8,6 +8,7 @@ training split (McSherry 2009, "Privacy integrated queries", parallel compositio
 """
 from __future__ import annotations
 
+from pipeline_src.methods.composition import composition_weights
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.model_io import load_model, save_model
@@ -43,7 +44,7 @@ def main(args: StepArgs) -> None:
         raise ValueError(f"compose_private: expected shards 0..{first['shards'] - 1}, got "
                          f"{sorted(r['shard_id'] for r in records)}")
     check_same_linearization([r["linearization_id"] for r in records])
-    weights = [1.0 / len(records)] * len(records)  # uniform: size weights would release the private shard sizes
+    weights = composition_weights(records, "uniform")  # never by size: that would release the private shard sizes
     record = {
         "kind": "composed-private", "composition": "soup", **{k: first[k] for k in _SAME},
         "experiment": first["experiment"], "shards": first["shards"], "seed": first["seed"],
