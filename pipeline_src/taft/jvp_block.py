@@ -48,7 +48,9 @@ def dropout_rate(module: nn.Module) -> float:
 def _baddbmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """acc + a·b, in place where allowed (`accumulate_in_place`; saves a (B·H, N, N) buffer);
     out of place otherwise: torch.func.vmap has no batching rule for ``baddbmm_`` and loops."""
-    return acc.baddbmm_(a, b) if accumulate_in_place() else torch.baddbmm(acc, a, b)
+    if accumulate_in_place():  # in-place ops bypass autocast: match the accumulator's dtype
+        return acc.baddbmm_(a.to(acc.dtype), b.to(acc.dtype))
+    return torch.baddbmm(acc, a, b)
 
 
 class TangentAttention(nn.Module):

@@ -126,8 +126,8 @@ class TangentLinear(nn.Module):
                 # dy + t·Wᵀ as one GEMM with accumulate, on (rows, features) views; in place where
                 # allowed (out of place, addmm first copies dy).
                 rows, t2 = dy.reshape(-1, dy.shape[-1]), t.reshape(-1, t.shape[-1])
-                if accumulate_in_place():
-                    dy = rows.addmm_(t2, self.weight.t()).view(dy.shape)
+                if accumulate_in_place():  # in-place ops bypass autocast: match the accumulator's dtype
+                    dy = rows.addmm_(t2.to(rows.dtype), self.weight.t().to(rows.dtype)).view(dy.shape)
                 else:
                     dy = torch.addmm(rows, t2, self.weight.t()).view(dy.shape)
         return y, dy
@@ -176,6 +176,8 @@ class TangentLayerNorm(nn.Module):
             y = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
             with tangent_grad():
                 return y, self.delta(x)
+        # in the weight's dtype, as autocast runs layer_norm (float32): these aten ops bypass autocast
+        x, t = x.to(self.weight.dtype), t.to(self.weight.dtype)
         y, mean, rstd = torch.native_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         with tangent_grad():
             dy = self.delta(x)
@@ -225,7 +227,7 @@ def gelu_jvp(x: torch.Tensor, t: torch.Tensor, approximate: str = "none") -> tup
         raise ValueError(f"gelu_jvp: unsupported approximate={approximate!r} (use 'none' or 'tanh')")
     y = F.gelu(x, approximate=approximate)
     with tangent_grad():
-        return y, torch.ops.aten.gelu_backward(t, x, approximate=approximate)
+        return y, torch.ops.aten.gelu_backward(t.to(x.dtype), x, approximate=approximate)
 
 
 class TangentGELU(nn.Module):
