@@ -36,12 +36,18 @@ def sidecar_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".json")
 
 
+TORCH_STORAGE = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
 def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
-    """A float tensor as the numpy array stored for `dtype` (bfloat16: its bit pattern)."""
-    x = x.detach().cpu()
+    """A float tensor as the numpy array stored for `dtype` (bfloat16: its bit pattern).
+
+    The cast runs where `x` is (on a GPU: before the copy, which then moves half the bytes of float32).
+    """
+    x = x.detach().to(TORCH_STORAGE[dtype]).cpu()
     if dtype == "bfloat16":
-        return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    return x.to(torch.float16 if dtype == "float16" else torch.float32).numpy()
+        return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
 
 
 def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
@@ -76,7 +82,11 @@ class FeatureCacheWriter:
 
     def write(self, start: int, x: torch.Tensor) -> None:
         """Store rows [start, start + len(x)) (in row order)."""
-        self._writer.write(start, to_storage(x, self.dtype))
+        self.write_stored(start, to_storage(x, self.dtype))
+
+    def write_stored(self, start: int, block: np.ndarray) -> None:
+        """Store rows already converted by `to_storage` (the file write alone: a writer thread's part)."""
+        self._writer.write(start, block)
 
     def close(self) -> None:
         self._writer.close()  # the array first: a sidecar always describes a complete array
@@ -145,6 +155,17 @@ class FeatureCache:
             out[s:s + len(chunk)] = from_storage(chunk, self.dtype)
         return out
 
+    def stored_rows(self, rows: np.ndarray, blocks: Sequence[int] | None = None) -> torch.Tensor:
+        """These rows as stored (float16, bfloat16 or float32; no conversion), in the given order."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        chunk = self.array.read(rows)  # CachedRows checked the range
+        if blocks is not None:
+            chunk = chunk[:, np.asarray(self.positions(blocks))]
+        chunk = np.ascontiguousarray(chunk)
+        if self.dtype == "bfloat16":
+            return torch.from_numpy(chunk.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(chunk)
+
     def __getitem__(self, rows) -> torch.Tensor:
         return self.rows(rows)
 
@@ -186,5 +207,8 @@ class CachedRows:
             pos = np.arange(len(self.rows))[idx]
         else:
             pos = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64).reshape(-1)
-        return self.cache.rows(self.rows[pos], blocks=self.blocks).to(self.device)
+        if self.device.type == "cpu":
+            return self.cache.rows(self.rows[pos], blocks=self.blocks)
+        # On a GPU: copy the stored half-precision rows and convert there (exact, as on the CPU)
+        return self.cache.stored_rows(self.rows[pos], blocks=self.blocks).to(self.device).float()
 

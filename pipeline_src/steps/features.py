@@ -8,13 +8,14 @@ grow with the dataset. Shard jobs read their own rows, a batch at a time (`Cache
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from pipeline_src.data.backbone import load_backbone
-from pipeline_src.data.feature_cache import FeatureCache, FeatureCacheWriter
+from pipeline_src.data.feature_cache import FeatureCache, FeatureCacheWriter, to_storage
 from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
 from pipeline_src.data.sample_store import SampleStore
@@ -51,23 +52,31 @@ def main(args: StepArgs) -> None:
     batches = image_batches(store.image_array, range(n), BATCH, device, cfg["train"]["num_workers"])
     writer = None
     meter = Throughput(f"features '{cache}'")
+    # One writer thread: batch k's file write overlaps batch k+1's forward (in order, two batches held)
+    pool, pending = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer"), None
     try:
         with torch.no_grad():
             for k, images in enumerate(batches):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
                     h = fn(to_model_input(images, record["mean"], record["std"]))
-                h = h.float().cpu()  # row k * BATCH + i = samples row k * BATCH + i
                 if writer is None:
                     writer = FeatureCacheWriter(args.output.features, (n, *h.shape[1:]), dtype, meta)
-                writer.write(k * BATCH, h)
-                meter.add(len(h))
+                block = to_storage(h, dtype)  # cast on the device, then copied: row k * BATCH + i = samples row
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(writer.write_stored, k * BATCH, block)
+                meter.add(len(block))
+        if pending is not None:
+            pending.result()
         if writer is None:
             raise ValueError(f"features '{cache}': the prepared dataset {args.input.samples} has no samples")
         writer.close()
     except BaseException:
+        pool.shutdown(wait=True)  # the file is closed only once no write is in flight
         if writer is not None:
             writer.abort()
         raise
+    pool.shutdown()
     meter.report()
     print(f"cached features '{cache}': {tuple(writer.shape)} {dtype}"
           + (f", blocks {meta['blocks']}" if "blocks" in meta else ""))

@@ -60,3 +60,23 @@ def test_an_unfinished_or_unreadable_cache_is_an_error(tmp_path):
         FeatureCache(tmp_path / "g.npy")
     with pytest.raises(ValueError, match="features.dtype"):
         FeatureCacheWriter(tmp_path / "h.npy", (1,), "float8", {})
+
+
+@pytest.mark.parametrize("dtype,cast", [("float32", torch.float32), ("float16", torch.float16),
+                                        ("bfloat16", torch.bfloat16)])
+def test_stored_rows_convert_to_the_same_float32_rows(tmp_path, dtype, cast):
+    """The GPU path of `CachedRows` copies `stored_rows` and converts on the device: the same
+    float32 values as the CPU path's `rows`, bit for bit, with and without a block selection."""
+    x = torch.randn(12, 3, 2, 4) * 3
+    cache = write(tmp_path / "f.npy", x, dtype, blocks=[0, 2, 4])
+    got = cache.stored_rows(np.array(ROWS[:4]) % 12, blocks=[4, 0])
+    assert got.dtype == cast
+    assert torch.equal(got.float(), cache.rows(np.array(ROWS[:4]) % 12, blocks=[4, 0]))
+
+
+def test_to_storage_casts_before_the_copy():
+    """bfloat16 autocast outputs go to a float16 cache without a float32 detour: the same bits."""
+    h = torch.randn(4, 3, 8).to(torch.bfloat16)
+    assert np.array_equal(feature_cache.to_storage(h, "float16"), feature_cache.to_storage(h.float(), "float16"))
+    assert np.array_equal(feature_cache.to_storage(h, "bfloat16"),
+                          h.view(torch.int16).numpy().view(np.uint16))
