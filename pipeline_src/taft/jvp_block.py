@@ -112,7 +112,7 @@ class TangentAttention(nn.Module):
             dp = _baddbmm(torch.bmm(dq, kt), q, dk.transpose(1, 2))  # dS = dQ·Kᵀ + Q·dKᵀ
             # dP = P ⊙ (dS − rowsum(P ⊙ dS)): the softmax Jacobian is symmetric, so this is
             # softmax's backward kernel applied to dS (fused, O(N²), and differentiable in dS).
-            dp = torch._softmax_backward_data(dp, p, -1, p.dtype)
+            dp = torch._softmax_backward_data(dp.to(p.dtype), p, -1, p.dtype)  # p: float32 under CUDA autocast
             da = _baddbmm(torch.bmm(p, dv), dp, v)  # P·dV + dP·V
             da = da.view(B, H, N, dh).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj(a, da)

@@ -4,7 +4,9 @@ The closed-form JVP layers call in-place and aten ops (``addmm_``, ``baddbmm_``,
 ``native_layer_norm_backward``, ``gelu_backward``) that autocast does not cast, so mixed
 bfloat16/float32 operands must be matched by the layers themselves (a CUDA run of the ViT-B/16
 GPU study failed here with "self and mat2 must have the same dtype"). CPU autocast takes the same
-code paths; the reference is the same model in float32.
+code paths, and CUDA autocast's float32 policy for softmax (the ViT-B/16 run's second failure:
+"expected input and grad types to match") is emulated by patching softmax to float32; the
+reference is the same model in float32.
 """
 from __future__ import annotations
 
@@ -24,9 +26,23 @@ def _loss_and_grads(model: TangentViT, x: torch.Tensor, bf16: bool) -> tuple[tor
                                   for p in model.parameters()]
 
 
+@pytest.fixture(params=["cpu_policy", "cuda_softmax_policy"])
+def autocast_policy(request, monkeypatch):
+    """CPU autocast as it is, or with softmax in float32 as CUDA autocast runs it."""
+    if request.param == "cuda_softmax_policy":
+        softmax = torch.Tensor.softmax
+
+        def float32_softmax(self, *args, **kwargs):
+            out = softmax(self, *args, **kwargs)
+            return out.float() if torch.is_autocast_enabled("cpu") else out
+
+        monkeypatch.setattr(torch.Tensor, "softmax", float32_softmax)
+    return request.param
+
+
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("cfg", list(CONFIGS))
-def test_bfloat16_autocast_matches_float32(cfg: str, k: int) -> None:
+def test_bfloat16_autocast_matches_float32(cfg: str, k: int, autocast_policy: str) -> None:
     model = TangentViT(make_base(**CONFIGS[cfg]), k, delta_init_std=0.05)
     x = images().float()
     ref, ref_grads = _loss_and_grads(model, x, bf16=False)
