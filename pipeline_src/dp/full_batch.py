@@ -24,6 +24,7 @@ from torch import nn
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import NEIGHBOURING, plan_budget
 from pipeline_src.dp.secret_randomness import secret_generator
+from pipeline_src.job.counters import counting
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 FULL_BATCH_MODES = ("bk",)
@@ -52,10 +53,12 @@ def clipped_gradient_sum(module: BookKeepingModule, xs: list[torch.Tensor], labe
     device = module.trainable_parameters[0].device
     total = 0.0
     for xb, yb in _micro_batches(xs, labels, micro_batch_size, device):
-        losses = loss_fn(module(xb if as_list else xb[0]), yb)
-        if losses.shape != (len(yb),):
-            raise ValueError(f"loss_fn must return one loss per example, shape ({len(yb)},); got {tuple(losses.shape)}")
-        module.clipped_backward(losses)
+        with counting("train", len(yb), device):  # the efficiency table's FLOPs (observes only)
+            losses = loss_fn(module(xb if as_list else xb[0]), yb)
+            if losses.shape != (len(yb),):
+                raise ValueError(f"loss_fn must return one loss per example, shape ({len(yb)},); "
+                                 f"got {tuple(losses.shape)}")
+            module.clipped_backward(losses)
         total += float(losses.detach().sum())
     return total / len(labels)
 

@@ -36,6 +36,7 @@ from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
 from pipeline_src.dp.secret_randomness import secret_generator
+from pipeline_src.job.counters import counting
 from pipeline_src.job.glibc_malloc import release_freed
 
 MODES = ("bk", "fast", "ghost", "hooks")
@@ -273,8 +274,9 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                     loss_value = float("nan")
                 else:
                     xb, yb = read_rows(xs, positions, device), labels[positions.to(labels.device)].to(device)
-                    losses = _per_example(loss_fn(module(xb if as_list else xb[0]), yb), n)
-                    dp_backward(module, dp_opt, losses, mode)
+                    with counting("train", n, device):  # the efficiency table's FLOPs (observes only)
+                        losses = _per_example(loss_fn(module(xb if as_list else xb[0]), yb), n)
+                        dp_backward(module, dp_opt, losses, mode)
                     loss_value = float(losses.detach().mean())
                 dp_opt.step()
                 release_freed()  # the step's freed tensors leave the RSS (`job/glibc_malloc.py`)

@@ -20,6 +20,7 @@ from pipeline_src.data.images import to_model_input
 from pipeline_src.data.loader import image_batches
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.data.throughput import Throughput
+from pipeline_src.job.counters import counting
 from pipeline_src.last.features import block_outputs
 from pipeline_src.methods.kinds import LAST_DEFAULTS
 from pipeline_src.plan.feature_budget import kept_blocks
@@ -57,7 +58,8 @@ def main(args: StepArgs) -> None:
     try:
         with torch.no_grad():
             for k, images in enumerate(batches):
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16), \
+                        counting("features", len(images), device):  # the efficiency table's FLOPs
                     h = fn(to_model_input(images, record["mean"], record["std"]))
                 if writer is None:
                     writer = FeatureCacheWriter(args.output.features, (n, *h.shape[1:]), dtype, meta)

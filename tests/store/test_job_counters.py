@@ -122,3 +122,27 @@ def test_counted_wraps_a_batch_function():
     x = torch.randn(6, 4)
     assert torch.equal(fn(x), lin(x)) and torch.equal(fn(x[:2]), lin(x[:2]))
     assert (job_counters.PHASES["eval"].images, job_counters.PHASES["eval"].flops_per_image) == (8, 2 * 4 * 3)
+
+
+@pytest.mark.parametrize("full_batch", [False, True])
+def test_dp_training_counts_its_images_and_flops(full_batch):
+    """DP jobs count like the other model loops: every example of every step, and the FLOPs of the
+    first batch (a Linear's forward and weight-gradient products, plus the per-example norms)."""
+    from pipeline_src.dp import train_private
+    from pipeline_src.dp.full_batch import train_private_full_batch
+
+    job_counters.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    x, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    args = dict(epochs=2, lr=0.1, epsilon=8.0, delta=1e-3, max_grad_norm=1.0, public_size=40)
+    steps = []
+    if full_batch:
+        train_private_full_batch(model, x, y, loss_fn=lambda o, t: F.cross_entropy(o, t, reduction="none"),
+                                 micro_batch_size=16, progress=steps.append, **args)
+    else:
+        train_private(model, x, y, batch_size=10, progress=steps.append, **args)
+    phase = job_counters.PHASES["train"]
+    assert phase.images == sum(s["batch"] for s in steps) > 0
+    assert phase.flops_per_image > 2 * 2 * 6 * 3  # forward and dW (the input needs no grad), and the norms
+    job_counters.reset()
