@@ -16,10 +16,9 @@ rule features:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     params:
-        # blocks cache: the LAST spacings g whose block outputs it keeps; dtype: storage dtype
+        # blocks cache: the LAST spacings g whose block outputs it keeps
         everys=lambda w: side_everys(config) if w.cache == "blocks" else None,
-        dtype=config["features"]["dtype"],
-        precision=config["train"]["precision"],  # bfloat16 autocast on CUDA changes the cached values
+        settings=step_settings("features"),  # dtype, and precision: bfloat16 autocast on CUDA changes the values
     script:
         "../scripts/step.py"
 
