@@ -24,6 +24,7 @@ RUN_ONLY = {
     "private_workspace": "privacy.enabled",  # file modes (owner-only) of the manifests, not their bytes
 }
 
+_TRAINING = ("experiment", "seed", "train", "methods.{method}", "dataset.img_size", "dataset.in_chans")
 LABELS = ("experiment", "dataset.source")  # the study's name and data source, written into every metrics row
 _EVALUATED = LABELS  # an evaluation of one model
 
@@ -42,6 +43,11 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "evaluate_soup": _EVALUATED,
     "evaluate_ensemble": (*_EVALUATED, "compose_weights"),
     "evaluate_private": _EVALUATED,
+    # training as steps/train.load_job: the train block (less RUN_ONLY), the method, the head seed;
+    # the image size and channels for augmentation
+    "train": _TRAINING,
+    "train_vectorized": _TRAINING,  # one rule per method and N: `{method}` is passed in as a wildcard
+    "fusion_train": _TRAINING,
     "fusion_match": (*LABELS, "fusion.blocks", "fusion.match_ffn"),
     "fuse": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn",
                             *{"fisher": ("fusion.fisher_samples",), "regmean": ("fusion.regmean_alpha",)}.get(
@@ -58,9 +64,17 @@ class SettingsError(KeyError):
     """A rule without settings, or a key it needs that the config lacks."""
 
 
+VECTORIZED_RULE = "train_vectorized_"  # train_vectorized_{method}_n{N} (train.smk)
+
+
+def settings_rule(rule: str) -> str:
+    """The `RULE_KEYS` entry of a rule: the vectorized training rules share one."""
+    return "train_vectorized" if rule.startswith(VECTORIZED_RULE) else rule
+
+
 def converted(rule: str) -> bool:
     """Whether `rule`'s step reads its settings only (and is handed no config)."""
-    return rule in RULE_KEYS
+    return settings_rule(rule) in RULE_KEYS
 
 
 def settings_for(rule: str, config: Mapping, wildcards: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -72,10 +86,10 @@ def settings_for(rule: str, config: Mapping, wildcards: Mapping[str, str] | None
         config: the validated config.
         wildcards: the job's wildcards (for keys that name one, e.g. `methods.{method}`).
     """
-    if rule not in RULE_KEYS:
+    if not converted(rule):
         raise SettingsError(f"rule '{rule}' has no settings in pipeline_src/plan/step_settings.py")
-    w = dict(wildcards or {})
-    keys = RULE_KEYS[rule]
+    w = dict(wildcards.items()) if wildcards is not None else {}  # a Snakemake Wildcards is a list with items()
+    keys = RULE_KEYS[settings_rule(rule)]
     paths = keys(config, w) if callable(keys) else keys
     out: dict[str, Any] = {}
     for path in paths:
@@ -90,7 +104,33 @@ def settings_for(rule: str, config: Mapping, wildcards: Mapping[str, str] | None
         for part in parts[:-1]:
             target = target.setdefault(part, {})
         target[parts[-1]] = node
-    return canonical(out)
+    out = canonical(out)
+    for run_only in RUN_ONLY.values():  # a section read whole holds them: drop them (named leaves stay)
+        *parents, leaf = run_only.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if parents and isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def job_config(settings: Mapping, runtime: Mapping) -> dict[str, Any]:
+    """A job's settings with its `RUN_ONLY` values put back at their config keys: the part of the
+    config the job reads, for code that takes a config (e.g. `job_settings.train_settings`).
+
+    Args:
+        settings: the job's settings (`settings_for`).
+        runtime: its run-only settings (`run_only_settings`).
+    """
+    out = canonical(settings)
+    for name, path in RUN_ONLY.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = runtime.get(name)
+    return out
 
 
 def run_only_settings(config: Mapping) -> dict[str, Any]:

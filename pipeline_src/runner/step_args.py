@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline_src.plan.step_settings import converted, run_only_settings
+from pipeline_src.plan.step_settings import converted, job_config, run_only_settings
 
 
 class Paths(list):
@@ -75,6 +75,11 @@ class StepArgs:
             return self.params["settings"]
         except KeyError:
             raise KeyError(f"rule '{self.rule}' has no `settings` param (plan/step_settings.py)") from None
+
+    def job_config(self) -> dict[str, Any]:
+        """The config as this job may read it: its settings with the run-only values at their keys
+        (`plan/step_settings.job_config`) for a converted rule, the whole config for the others."""
+        return job_config(self.settings, self.runtime) if converted(self.rule) else self.config
 
 
 def _paths(named_list) -> Paths:

@@ -32,6 +32,7 @@ rule fusion_train:
         gpu=RES["gpu"],
     params:
         signature=training_signature,
+        settings=step_settings("fusion_train"),
     script:
         "../scripts/step.py"
 

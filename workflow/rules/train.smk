@@ -43,6 +43,7 @@ rule train:
         gpu=RES["gpu"],
     params:
         signature=training_signature,
+        settings=step_settings("train"),
     script:
         "../scripts/step.py"
 
@@ -72,6 +73,7 @@ for _method in VECTORIZED_METHODS:
                 gpu=RES["gpu"],
             params:
                 signature=lambda w, m=_method: signature_of(m),
+                settings=lambda w, m=_method: settings_for("train_vectorized", config, {**dict(w.items()), "method": m}),
                 method=_method,
                 shards=_n,
             script:
