@@ -19,7 +19,7 @@ envvars:
 from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache, kind_of
 from pipeline_src.plan.feature_budget import side_everys
-from pipeline_src.plan.job_settings import training_signature as training_signature_json
+from pipeline_src.plan.job_settings import RUN_ONLY, training_signature as training_signature_json
 from pipeline_src.plan.environment import warn_on_lock_drift
 from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
@@ -252,7 +252,7 @@ def unlearn_paragon_nonlinear_inputs(w):
 
 def nonlinear_paragon_signature(w):
     name, method = nonlinear_paragon(config, w.method)
-    settings = {k: method.get(k, v) for k, v in config["train"].items()}
+    settings = {k: method.get(k, v) for k, v in config["train"].items() if k not in RUN_ONLY}  # as training_signature
     return json.dumps(
         {"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True
     )
