@@ -48,6 +48,7 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "train": _TRAINING,
     "train_vectorized": _TRAINING,  # one rule per method and N: `{method}` is passed in as a wildcard
     "fusion_train": _TRAINING,
+    "last_grid": (*_TRAINING, "dataset.source", "last_grid"),  # the grid's points vary the base method
     "fusion_match": (*LABELS, "fusion.blocks", "fusion.match_ffn"),
     "fuse": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn",
                             *{"fisher": ("fusion.fisher_samples",), "regmean": ("fusion.regmean_alpha",)}.get(
