@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"plan", "store", "job"},
     **{lib: set(LIBRARIES) | {"job"} for lib in LIBRARIES},
     "methods": {"plan", "store", "data", "methods.kinds", "job"} | LIBRARIES,
-    "runner": {"store", "job"},
+    "runner": {"plan", "store", "job"},  # plan.step_settings: which config a job is handed
     "reports": {"plan", "store"},
     "steps": {"plan", "store", "data", "methods", "methods.kinds", "runner", "reports", "job"} | LIBRARIES,
 }

@@ -1,12 +1,16 @@
 """What a pipeline step receives: Snakemake's job object reduced to plain, picklable data.
 
 Steps take a `StepArgs`, so they run the same from a Snakemake `script:`, from a test, or
-from the command line.
+from the command line. A step reads its settings from `args.settings` (the rule's `settings`
+param, `plan/step_settings.py`) and how to run from `args.runtime`; the rules not yet converted
+still read the whole config as `args.config`, which for a converted rule raises on any access.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from pipeline_src.plan.step_settings import converted, job_config, run_only_settings
 
 
 class Paths(list):
@@ -30,6 +34,27 @@ class Paths(list):
             raise AttributeError(f"no input/output named '{name}'") from None
 
 
+class NoConfig(dict):
+    """The `config` of a converted rule's job: empty, and any read raises, naming the rule, so a
+    step cannot read a setting that its params (the rerun trigger) do not hold."""
+
+    def __init__(self, rule: str) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def _refuse(self, *_args, **_kwargs):
+        raise KeyError(f"rule '{self.rule}' reads its settings from params (args.settings, "
+                       "pipeline_src/plan/step_settings.py), not from the config")
+
+    __getitem__ = get = __contains__ = __iter__ = __len__ = keys = items = values = _refuse
+
+    def __bool__(self) -> bool:
+        self._refuse()
+
+    def __reduce__(self):  # picklable for the fork server
+        return NoConfig, (self.rule,)
+
+
 @dataclass
 class StepArgs:
     input: Paths = field(default_factory=Paths)
@@ -39,8 +64,22 @@ class StepArgs:
     log: Paths = field(default_factory=Paths)
     threads: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # rules not yet converted only (else NoConfig)
     rule: str = ""  # the Snakemake rule (recorded with the job's counters)
+    runtime: dict[str, Any] = field(default_factory=dict)  # plan/step_settings.RUN_ONLY: how to run, no rerun
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The job's settings: the rule's `settings` param (`plan/step_settings.settings_for`)."""
+        try:
+            return self.params["settings"]
+        except KeyError:
+            raise KeyError(f"rule '{self.rule}' has no `settings` param (plan/step_settings.py)") from None
+
+    def job_config(self) -> dict[str, Any]:
+        """The config as this job may read it: its settings with the run-only values at their keys
+        (`plan/step_settings.job_config`) for a converted rule, the whole config for the others."""
+        return job_config(self.settings, self.runtime) if converted(self.rule) else self.config
 
 
 def _paths(named_list) -> Paths:
@@ -51,8 +90,10 @@ def _paths(named_list) -> Paths:
 def from_snakemake(smk) -> StepArgs:
     """Convert the `snakemake` object a `script:` receives."""
     resources = {k: v for k, v in smk.resources.items() if isinstance(v, (int, float, str))}
+    rule = str(getattr(smk, "rule", "") or "")
     return StepArgs(
         input=_paths(smk.input), output=_paths(smk.output), params=dict(smk.params.items()),
         wildcards=dict(smk.wildcards.items()), log=_paths(smk.log), threads=int(smk.threads),
-        resources=resources, config=dict(smk.config), rule=str(getattr(smk, "rule", "") or ""),
+        resources=resources, config=NoConfig(rule) if converted(rule) else dict(smk.config), rule=rule,
+        runtime=run_only_settings(smk.config),
     )

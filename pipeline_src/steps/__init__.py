@@ -14,7 +14,7 @@ RULE_STEPS = {
     "forget_manifest": "forget.manifest", "unlearn_drop": "forget.drop", "unlearn_retrain": "forget.retrain",
     "unlearn_paragon": "forget.paragon", "unlearn_paragon_nonlinear": "forget.paragon",
 }
-VECTORIZED_RULE = "train_vectorized_"  # one rule per method and shard count: train_vectorized_{method}_n{N}
+from pipeline_src.plan.step_settings import VECTORIZED_RULE  # one rule per method and N: train_vectorized_{method}_n{N}
 
 
 def step_of_rule(rule: str) -> str:

@@ -21,7 +21,7 @@ def main(args: StepArgs) -> None:
     if len(digests) != 1:
         raise ValueError("compose: shard models were trained from different backbones; refusing to average")
     first = records[0]
-    weights = composition_weights(records, args.config["compose_weights"])
+    weights = composition_weights(records, args.settings["compose_weights"])
     if kind_of(first["method_config"]).tangent:
         check_same_linearization([r["linearization_id"] for r in records])
         state = compose_deltas(states, weights)

@@ -30,9 +30,9 @@ from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
 def main(args: StepArgs) -> None:
-    cfg, w = args.config, args.wildcards
+    cfg, w = args.settings, args.wildcards
     set_up_job(args.threads, int(w["seed"]))
-    device = resolve_device(cfg["device"])
+    device = resolve_device(args.runtime["device"])
     t0 = time.perf_counter()
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
@@ -54,7 +54,7 @@ def main(args: StepArgs) -> None:
 
     # Images are read from the store and converted one batch at a time.
     out = store.apply(logits_of, test.ids, backbone_record["mean"], backbone_record["std"], device,
-                      batch_size=cfg["train"]["eval_batch_size"], workers=cfg["train"]["num_workers"])
+                      batch_size=args.runtime["eval_batch_size"], workers=args.runtime["num_workers"])
     logits = out[:, 0] if len(models) == 1 else \
         ensemble_logits(list(out.unbind(1)), composition_weights(records, cfg["compose_weights"]))
     values = classification_metrics(logits, test.labels)

@@ -32,9 +32,9 @@ BATCH = 128
 
 
 def main(args: StepArgs) -> None:
-    cfg = args.config
+    cfg = args.settings
     set_up_job(args.threads, cfg["seed"])
-    device = resolve_device(cfg["device"])
+    device = resolve_device(args.runtime["device"])
     backbone, record = load_backbone(Path(args.input.backbone).parent)
     backbone.to(device).eval()
     cache = args.wildcards["cache"]
@@ -48,9 +48,9 @@ def main(args: StepArgs) -> None:
         fn = lambda b: vit_prefix(backbone, b, start)  # noqa: E731
     store = SampleStore(args.input.samples)
     n = len(store.image_array)
-    dtype = args.params.get("dtype") or cfg["features"]["dtype"]
-    bf16 = use_bf16(args.params.get("precision") or cfg["train"]["precision"], device)
-    batches = image_batches(store.image_array, range(n), BATCH, device, cfg["train"]["num_workers"])
+    dtype = cfg["features"]["dtype"]
+    bf16 = use_bf16(cfg["train"]["precision"], device)
+    batches = image_batches(store.image_array, range(n), BATCH, device, args.runtime["num_workers"])
     writer = None
     meter = Throughput(f"features '{cache}'")
     # One writer thread: batch k's file write overlaps batch k+1's forward (in order, two batches held)

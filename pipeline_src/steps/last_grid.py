@@ -40,7 +40,7 @@ def main(args) -> None:
     from pipeline_src.store.metrics import metric_rows, write_metrics
 
     job = load_job(args)  # samples, manifest, backbone and settings exactly as the `train` step
-    cfg = args.config
+    cfg = args.job_config()
     points = grid_points(cfg)
     shard = 0
     model = job.new_model()  # the base SideTuned: its prefix computes features when there is no cache

@@ -31,7 +31,7 @@ def write_corrupt_table(corrupt: list[tuple[str, str]], path: Path) -> None:
 
 
 def main(args: StepArgs) -> None:
-    cfg = args.config
+    cfg = args.settings
     out_dir = Path(args.output.samples).parent
     use_cache_dir(out_dir / ".plan_cache")  # the verdicts the DAG was built with (skip_corrupt)
     samples = split_and_limit(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])  # what images.npy holds

@@ -19,9 +19,9 @@ from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
 def main(args: StepArgs) -> None:
-    cfg = args.config
+    cfg = args.settings
     set_up_job(args.threads, cfg["seed"])
-    device = resolve_device(cfg["device"])
+    device = resolve_device(args.runtime["device"])
     t0 = time.perf_counter()
     if cfg["backbone"]["source"] != "pretrain":
         model, record = external_backbone(cfg)
@@ -45,12 +45,12 @@ def main(args: StepArgs) -> None:
                 batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain",
                 schedule=p.get("schedule"))
     model.eval()
-    logits = store.apply(model, test.ids, mean, std, device, batch_size=cfg["train"]["eval_batch_size"]).cpu()
+    logits = store.apply(model, test.ids, mean, std, device, batch_size=args.runtime["eval_batch_size"]).cpu()
     acc = (logits.argmax(-1) == test.labels).double().mean().item()
     val = store.split("source", "val")
     val_acc = float("nan")
     if val.ids:  # the figure a backbone is chosen by (the test figure stays for the report)
-        val_logits = store.apply(model, val.ids, mean, std, device, batch_size=cfg["train"]["eval_batch_size"]).cpu()
+        val_logits = store.apply(model, val.ids, mean, std, device, batch_size=args.runtime["eval_batch_size"]).cpu()
         val_acc = (val_logits.argmax(-1) == val.labels).double().mean().item()
     print(f"pretrained on {len(train.ids)} source samples: source val accuracy {val_acc:.4f}, "
           f"source test accuracy {acc:.4f}")

@@ -15,7 +15,7 @@ def main(args: StepArgs) -> None:
     con = connect(args.params["results_dir"])
     lines = ["# Reports", ""]
     for name, report in REPORTS.items():
-        paths = report(con, out_dir, config=args.config) if name in WITH_CONFIG else report(con, out_dir)
+        paths = report(con, out_dir, config=args.settings) if name in WITH_CONFIG else report(con, out_dir)
         for path in paths:
             print(f"{name}: wrote {path}")
             lines.append(f"- {name}: [{path.name}]({path.name})")

@@ -34,6 +34,7 @@ class TrainingJob:
     """Everything a training job loads once, whatever the number of shards it trains."""
 
     args: StepArgs
+    cfg: dict  # the config as the job may read it (`StepArgs.job_config`)
     name: str
     method_cfg: dict
     settings: dict
@@ -81,7 +82,7 @@ class TrainingJob:
     def augmented_data(self, model: TunedModel, shard: int, seed: int) -> tuple[list[str], AugmentedInputs, torch.Tensor]:
         """(ids, prefix features made per batch from augmented images, labels) of one shard (`train.augment`)."""
         ids = shard_ids(self.manifest, shard)
-        rec, dataset = self.backbone_record, self.args.config["dataset"]
+        rec, dataset = self.backbone_record, self.cfg["dataset"]
         transform = train_transform(self.settings["augment"], dataset["img_size"], dataset["in_chans"], rec["mean"],
                                     rec["std"])
         inputs = AugmentedInputs(self.store, ids, transform, model.prefix, self.device, seed,
@@ -98,7 +99,7 @@ class TrainingJob:
         """
         record = {
             "kind": "trained", "method": self.name, "method_config": self.method_cfg, "train_settings": self.settings,
-            "experiment": self.args.config["experiment"], "shards": self.shards, "shard_id": shard, "seed": self.seed,
+            "experiment": self.cfg["experiment"], "shards": self.shards, "shard_id": shard, "seed": self.seed,
             "head_seed": self.head_seed, "num_classes": self.num_classes,
             "backbone_digest": state_digest(self.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
             "device": str(self.device), "wall_time_s": wall_time_s, "peak_mem_mb": peak_memory_mb(self.device),
@@ -115,14 +116,14 @@ def load_job(args: StepArgs, method_cfg: dict | None = None) -> TrainingJob:
         args: the step's arguments.
         method_cfg: settings that stand in for the method's own (e.g. the DP study's).
     """
-    cfg, w = args.config, args.wildcards
+    cfg, w = args.job_config(), args.wildcards
     method_cfg = method_cfg or cfg["methods"][w["method"]]
     seed = int(w["seed"])
     set_up_job(args.threads, seed)
     backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
     store = SampleStore(args.input.samples)
     return TrainingJob(
-        args=args, name=w["method"], method_cfg=method_cfg, settings=train_settings(cfg, method_cfg),
+        args=args, cfg=cfg, name=w["method"], method_cfg=method_cfg, settings=train_settings(cfg, method_cfg),
         shards=int(w["shards"]), seed=seed, device=resolve_device(cfg["device"]), backbone=backbone,
         backbone_record=backbone_record, store=store, manifest=pq.read_table(args.input.manifest),
         num_classes=store.num_classes("target"),

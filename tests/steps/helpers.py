@@ -7,18 +7,24 @@ import torch
 
 from pipeline_src.data.backbone import save_backbone
 from pipeline_src.plan.config import validate_config
-from pipeline_src.runner.step_args import Paths, StepArgs
+from pipeline_src.plan.step_settings import converted, run_only_settings, settings_for
+from pipeline_src.runner.step_args import NoConfig, Paths, StepArgs
 from tests.conftest import tiny_vit
 
 VIT = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=16, depth=4, num_heads=2)
 
 
 def step_args(config: dict, inputs: dict | None = None, outputs: dict | None = None, params: dict | None = None,
-              wildcards: dict | None = None, threads: int = 1) -> StepArgs:
-    inputs, outputs = inputs or {}, outputs or {}
+              wildcards: dict | None = None, threads: int = 1, rule: str = "") -> StepArgs:
+    """A job's arguments as `runner/step_args.from_snakemake` makes them: a converted `rule` gets
+    its settings param from `config` and no config (reading it raises), the others the config."""
+    inputs, outputs, params, wildcards = inputs or {}, outputs or {}, dict(params or {}), wildcards or {}
+    if converted(rule):
+        params["settings"] = settings_for(rule, config, wildcards)
     return StepArgs(input=Paths([str(v) for v in inputs.values()], {k: str(v) for k, v in inputs.items()}),
                     output=Paths([str(v) for v in outputs.values()], {k: str(v) for k, v in outputs.items()}),
-                    params=params or {}, wildcards=wildcards or {}, threads=threads, config=config)
+                    params=params, wildcards=wildcards, threads=threads, rule=rule,
+                    config=NoConfig(rule) if converted(rule) else config, runtime=run_only_settings(config))
 
 
 def folder_config(root: Path, **extra) -> dict:
@@ -45,7 +51,8 @@ def run_prepare(cfg: dict, results: Path) -> Path:
     from pipeline_src.steps import prepare
 
     samples = results / "prepare" / "samples.parquet"
-    prepare.main(step_args(cfg, outputs={"samples": samples, "images": samples.with_name("images.npy")}, threads=2))
+    prepare.main(step_args(cfg, outputs={"samples": samples, "images": samples.with_name("images.npy")}, threads=2,
+                           rule="prepare"))
     return samples
 
 
@@ -56,6 +63,6 @@ def run_features(cfg: dict, results: Path, cache: str, everys: list[int] | None 
     features.main(step_args(cfg, inputs={"samples": results / "prepare" / "samples.parquet",
                                          "backbone": results / "pretrain" / "model.safetensors"},
                             outputs={"features": out, "meta": out.with_suffix(".json")},
-                            params={"everys": everys, "dtype": cfg["features"]["dtype"]}, wildcards={"cache": cache}))
+                            params={"everys": everys}, wildcards={"cache": cache}, rule="features"))
     torch.set_num_threads(1)
     return out

@@ -65,7 +65,7 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
         for suffix in (".safetensors", ".json"):  # the model and its record
             copy.with_suffix(suffix).write_bytes(shard0.with_suffix(suffix).read_bytes())
         args = step_args(cfg, inputs=common, outputs={"models": results / "matched", "metrics": results / "match.parquet"},
-                         wildcards=wild)
+                         wildcards=wild, rule="fusion_match")
         args.input._names["models"] = [str(shard0), str(copy)]  # a list input, as the rule's
         match.main(args)
     elif step == "fuse":
@@ -74,7 +74,7 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
         fused = results / "fused" / "model.safetensors"
         fuse.main(step_args(cfg, inputs={**common, "models": results / "matched"},
                             outputs={"model": fused, "metrics": results / "fuse.parquet"},
-                            wildcards={**wild, "fusion": "regmean"}))
+                            wildcards={**wild, "fusion": "regmean"}, rule="fuse"))
     elif step == "train_private":
         import torch
 

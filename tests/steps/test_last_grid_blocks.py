@@ -31,7 +31,7 @@ def test_grid_members_of_different_spacings_share_one_reduced_cache(tmp_path, im
     out = results / "metrics" / "last_grid" / "last" / "n1_s0.parquet"
     last_grid.main(step_args(cfg, inputs={"samples": samples, "backbone": results / "pretrain" / "model.safetensors",
                                           "manifest": manifest, "features": feats}, outputs={"metrics": out},
-                             wildcards={"method": "last", "shards": "1", "seed": "0"}))
+                             wildcards={"method": "last", "shards": "1", "seed": "0"}, rule="last_grid"))
     rows = duckdb.sql(f"SELECT variant, split, value FROM read_parquet('{out}') WHERE metric = 'accuracy'").fetchall()
     assert len(rows) == 2 * 2  # two members (g = 2, 4) on val and test
     assert all(0 <= v <= 1 for _, _, v in rows)

@@ -36,7 +36,7 @@ def train(cfg, results, method, name, **train_cfg) -> dict[str, torch.Tensor]:
                                      "backbone": results / "pretrain" / "model.safetensors",
                                      "manifest": results / "split" / "manifest.parquet"},
                         outputs={"model": out, "record": out.with_suffix(".json")},
-                        wildcards={"method": method, "shards": "2", "seed": "0", "shard": "1"}))
+                        wildcards={"method": method, "shards": "2", "seed": "0", "shard": "1"}, rule="train"))
     torch.set_num_threads(1)
     return load_file(out)
 

@@ -19,11 +19,12 @@ envvars:
 from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache, kind_of
 from pipeline_src.plan.feature_budget import side_everys
-from pipeline_src.plan.job_settings import training_signature as training_signature_json
+from pipeline_src.plan.job_settings import RUN_ONLY, training_signature as training_signature_json
 from pipeline_src.plan.environment import warn_on_lock_drift
 from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
+from pipeline_src.plan.step_settings import settings_for
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
@@ -73,6 +74,12 @@ wildcard_constraints:
     shard=r"\d+",
     cache=r"last\d+|blocks",
     name=r"upstream|(train|private)-[^/]+",
+
+
+def step_settings(rule):
+    """A rule's `settings` param: what its jobs read of the config (`plan/step_settings.py`),
+    so Snakemake's params trigger reruns a job exactly when one of them changes."""
+    return lambda wildcards: settings_for(rule, config, wildcards)
 
 
 def mem_per_attempt(mb):
@@ -245,7 +252,7 @@ def unlearn_paragon_nonlinear_inputs(w):
 
 def nonlinear_paragon_signature(w):
     name, method = nonlinear_paragon(config, w.method)
-    settings = {k: method.get(k, v) for k, v in config["train"].items()}
+    settings = {k: method.get(k, v) for k, v in config["train"].items() if k not in RUN_ONLY}  # as training_signature
     return json.dumps(
         {"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True
     )
@@ -269,17 +276,6 @@ def fusion_match_inputs(w):
             f"{R}/fusion_train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))
         ]
     return {**fusion_common_inputs(w), "models": models}
-
-
-def fusion_match_params(w):
-    fus = config["fusion"]
-    return json.dumps({"blocks": fus["blocks"], "match_ffn": fus["match_ffn"]}, sort_keys=True)
-
-
-def fusion_settings(w):
-    """The settings of one fusion method (so changing one method's setting reruns only its jobs)."""
-    keys = {"soup": [], "fisher": ["fisher_samples"], "regmean": ["regmean_alpha"]}[w.fusion]
-    return json.dumps({k: config["fusion"][k] for k in keys}, sort_keys=True)
 
 
 # ------------------------------------------------------------ the LAST grid study (last_grid.smk)

@@ -10,5 +10,7 @@ rule compose:
         f"{R}/logs/compose/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
+    params:
+        settings=step_settings("compose"),
     script:
         "../scripts/step.py"

@@ -12,6 +12,7 @@ rule prepare:
     params:
         signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
         listing=dataset_listing_digest(),
+        settings=step_settings("prepare"),
     script:
         "../scripts/step.py"
 
@@ -29,6 +30,7 @@ rule signature:
         "../envs/pipeline.yaml"
     params:
         value=lambda w: signature_value(w.name),
+        settings=step_settings("signature"),
     script:
         "../scripts/step.py"
 
@@ -53,5 +55,6 @@ rule pretrain:
         gpu=RES["gpu"],
     params:
         signature=json.dumps({"backbone": config["backbone"], "seed": config["seed"]}, sort_keys=True),
+        settings=step_settings("pretrain"),
     script:
         "../scripts/step.py"

@@ -17,6 +17,7 @@ rule evaluate_shard:
     params:
         model="shard",
         shard_id=lambda w: int(w.shard),
+        settings=step_settings("evaluate_shard"),
     script:
         "../scripts/step.py"
 
@@ -36,6 +37,7 @@ rule evaluate_soup:
         "../envs/pipeline.yaml"
     params:
         model="soup",
+        settings=step_settings("evaluate_soup"),
     script:
         "../scripts/step.py"
 
@@ -55,5 +57,6 @@ rule evaluate_ensemble:
         "../envs/pipeline.yaml"
     params:
         model="ensemble",
+        settings=step_settings("evaluate_ensemble"),
     script:
         "../scripts/step.py"

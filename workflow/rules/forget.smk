@@ -31,6 +31,7 @@ rule forget_manifest:
     params:
         members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
         forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
+        settings=step_settings("forget_manifest"),
     script:
         "../scripts/step.py"
 

@@ -32,6 +32,7 @@ rule fusion_train:
         gpu=RES["gpu"],
     params:
         signature=training_signature,
+        settings=step_settings("fusion_train"),
     script:
         "../scripts/step.py"
 
@@ -54,7 +55,7 @@ rule fusion_match:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     params:
-        settings=fusion_match_params,
+        settings=step_settings("fusion_match"),
     script:
         "../scripts/step.py"
 
@@ -79,7 +80,7 @@ rule fuse:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     params:
-        settings=fusion_settings,
+        settings=step_settings("fuse"),
     script:
         "../scripts/step.py"
 

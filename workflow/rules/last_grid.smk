@@ -23,6 +23,7 @@ rule last_grid:
         gpu=RES["gpu"],
     params:
         signature=last_grid_signature,
+        settings=step_settings("last_grid"),
     script:
         "../scripts/step.py"
 

@@ -58,6 +58,8 @@ rule compose_private:
         f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
+    params:
+        settings=step_settings("compose_private"),
     script:
         "../scripts/step.py"
 
@@ -76,5 +78,6 @@ rule evaluate_private:
     params:
         model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
         shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
+        settings=step_settings("evaluate_private"),
     script:
         "../scripts/step.py"

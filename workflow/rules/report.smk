@@ -20,5 +20,6 @@ rule report:
         "../envs/pipeline.yaml"
     params:
         results_dir=lambda w, output: os.path.dirname(output.reports),  # results/report -> results
+        settings=step_settings("report"),
     script:
         "../scripts/step.py"

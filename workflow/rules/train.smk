@@ -16,10 +16,9 @@ rule features:
         mem_mb=mem_per_attempt(4000),
         gpu=RES["gpu"],
     params:
-        # blocks cache: the LAST spacings g whose block outputs it keeps; dtype: storage dtype
+        # blocks cache: the LAST spacings g whose block outputs it keeps
         everys=lambda w: side_everys(config) if w.cache == "blocks" else None,
-        dtype=config["features"]["dtype"],
-        precision=config["train"]["precision"],  # bfloat16 autocast on CUDA changes the cached values
+        settings=step_settings("features"),  # dtype, and precision: bfloat16 autocast on CUDA changes the values
     script:
         "../scripts/step.py"
 
@@ -44,6 +43,7 @@ rule train:
         gpu=RES["gpu"],
     params:
         signature=training_signature,
+        settings=step_settings("train"),
     script:
         "../scripts/step.py"
 
@@ -73,6 +73,7 @@ for _method in VECTORIZED_METHODS:
                 gpu=RES["gpu"],
             params:
                 signature=lambda w, m=_method: signature_of(m),
+                settings=lambda w, m=_method: settings_for("train_vectorized", config, {**dict(w.items()), "method": m}),
                 method=_method,
                 shards=_n,
             script:

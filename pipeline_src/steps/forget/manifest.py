@@ -21,6 +21,5 @@ def main(args: StepArgs) -> None:
         raise RuntimeError(f"forget_manifest: shard {shard} has no sample left to train on")
     table = pa.Table.from_pydict({"sample_id": members, "shard": [shard] * len(members)}, schema=MANIFEST_SCHEMA)
     # a DP study's manifests name its members: owner-only, like the provenance store
-    private = args.config["privacy"]["enabled"]
-    write_parquet(table, args.output.manifest, mode=0o600 if private else None)
+    write_parquet(table, args.output.manifest, mode=0o600 if args.runtime["private_workspace"] else None)
     print(f"shard {shard}: {len(members)} samples, {len(forgotten)} forgotten")

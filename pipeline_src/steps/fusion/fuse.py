@@ -36,7 +36,7 @@ from pipeline_src.store.model_io import load_model, save_model
 
 
 def fuse_states(fusion: str, states: list[dict], template: torch.nn.Module,
-                data: list[tuple[torch.Tensor, torch.Tensor]] | None, regmean_alpha: float = 0.9) -> dict:
+                data: list[tuple[torch.Tensor, torch.Tensor]] | None, regmean_alpha: float | None = 0.9) -> dict:
     """Fuse trained states of one tuned-model template.
 
     Args:
@@ -54,10 +54,10 @@ def fuse_states(fusion: str, states: list[dict], template: torch.nn.Module,
 
 
 def main(args: StepArgs) -> None:
-    cfg, w = args.config, args.wildcards
+    cfg, w = args.settings, args.wildcards
     fusion, matching, init, seed = w["fusion"], w["matching"], w["init"], int(w["seed"])
     set_up_job(args.threads, seed)
-    device = resolve_device(cfg["device"])
+    device = resolve_device(args.runtime["device"])
     paths = [str(Path(args.input.models) / f"shard{i}.safetensors") for i in range(int(w["shards"]))]
     states, records = [list(x) for x in zip(*(load_model(p) for p in paths))]
     first = records[0]
@@ -68,7 +68,7 @@ def main(args: StepArgs) -> None:
     store = SampleStore(args.input.samples)
     features = load_features(args.input._names.get("features"))
 
-    eval_batch = cfg["train"]["eval_batch_size"]
+    eval_batch = args.runtime["eval_batch_size"]
     t0 = time.perf_counter()
     data = None
     if fusion != "soup":
@@ -80,7 +80,7 @@ def main(args: StepArgs) -> None:
             data.append((prefix_rows(template, store, ids, features, backbone_record, device, eval_batch),
                          store.subset(ids).labels.to(device)))
     states = [{k: v.to(device) for k, v in s.items()} for s in states]
-    fused = fuse_states(fusion, states, template, data, cfg["fusion"]["regmean_alpha"])
+    fused = fuse_states(fusion, states, template, data, cfg["fusion"].get("regmean_alpha"))  # regmean's only
     seconds = time.perf_counter() - t0
 
     test = store.split("target", "test")

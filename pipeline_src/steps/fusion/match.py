@@ -38,10 +38,10 @@ from pipeline_src.store.model_io import load_model, save_model
 
 
 def main(args: StepArgs) -> None:
-    cfg, w = args.config, args.wildcards
+    cfg, w = args.settings, args.wildcards
     matching, init, seed = w["matching"], w["init"], int(w["seed"])
     set_up_job(args.threads, seed)
-    device = resolve_device(cfg["device"])
+    device = resolve_device(args.runtime["device"])
     fus = cfg["fusion"]
     states, records = [list(x) for x in zip(*(load_model(p) for p in args.input.models))]
     first = records[0]
@@ -66,7 +66,7 @@ def main(args: StepArgs) -> None:
                                                              num_heads=heads, blocks=blocks, ffn=ffn, model=template))
         seconds.append(time.perf_counter() - t0)
     # One pass over the test split, a batch at a time, for every model before and after matching.
-    eval_batch = cfg["train"]["eval_batch_size"]
+    eval_batch = args.runtime["eval_batch_size"]
     h = prefix_rows(template, store, test.ids, load_features(args.input._names.get("features")), backbone_record,
                     device, eval_batch)
     logits = logits_of_states(template, [*states, *matched], h, eval_batch)

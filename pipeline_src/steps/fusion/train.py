@@ -26,7 +26,7 @@ def reinit_seed(seed: int, shard: int) -> int:
 def main(args: StepArgs) -> None:
     shard, seed = int(args.wildcards["shard"]), int(args.wildcards["seed"])
     r_seed = reinit_seed(seed, shard)
-    job = load_job(args, reinit_method_config(args.config["methods"][args.wildcards["method"]], r_seed))
+    job = load_job(args, reinit_method_config(args.settings["methods"][args.wildcards["method"]], r_seed))
     model = job.new_model()
     reinit_tuned(model, job.method_cfg, r_seed)
     t0 = time.perf_counter()

@@ -36,14 +36,14 @@ def variant(record: dict) -> str:
 
 
 def main(args: StepArgs) -> None:
-    cfg, w = args.config, args.wildcards
+    cfg, w = args.settings, args.wildcards
     set_up_job(args.threads, int(w["seed"]))
-    device = resolve_device(cfg["device"])
+    device = resolve_device(args.runtime["device"])
     t0 = time.perf_counter()
     store = SampleStore(args.input.samples)
     test = store.split("target", "test")
     cached = "features" in args.input._names
-    batch_size = cfg["train"]["eval_batch_size"]
+    batch_size = args.runtime["eval_batch_size"]
     all_logits, records = [], []
     for path in args.input.models:
         model, record, backbone_record = load_tuned_model(Path(args.input.backbone).parent, path)

@@ -1,0 +1,158 @@
+"""What each rule's jobs read of the config: their `params.settings`, built when the DAG is built.
+
+A job's settings are a projection of the validated config onto the keys its step reads (the
+config's own nesting, so a step passes them where it passed the config). They go to the job as
+the rule's `settings` param, and Snakemake's params rerun trigger compares them: changing a key a
+rule reads reruns its jobs, changing any other key leaves them alone. A converted step is handed
+no config at all (`runner/step_args.py`: reading it raises), so a key it reads but its settings
+lack fails at once, naming the rule (tests/steps/test_step_settings.py runs each one so).
+
+`RUN_ONLY` keys are how a job runs, not what it computes, so changing them reruns nothing; every
+step gets them as `args.runtime` (the keys are the project's decision, already made for the
+training signatures in `plan/job_settings.py`). Torch-free: the Snakefile's parse imports it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# name in `args.runtime` -> config key: read by jobs, in no job's params
+RUN_ONLY = {
+    "device": "device",  # where a job runs (`--forcerun` a rule to redo it on another device)
+    "num_workers": "train.num_workers",  # how images are read (bit-identical at any value)
+    "eval_batch_size": "train.eval_batch_size",  # how many test images per forward pass
+    "private_workspace": "privacy.enabled",  # file modes (owner-only) of the manifests, not their bytes
+}
+
+_TRAINING = ("experiment", "seed", "train", "methods.{method}", "dataset.img_size", "dataset.in_chans")
+LABELS = ("experiment", "dataset.source")  # the study's name and data source, written into every metrics row
+_EVALUATED = LABELS  # an evaluation of one model
+
+# Rule -> the config keys its step reads (dotted paths; `{wildcard}` is the job's value), or a
+# function of (config, wildcards) giving them. A rule listed here is converted: its step reads
+# its settings only. Rules not listed still get the whole config as `args.config`.
+RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, ...]]] = {
+    "signature": (),
+    "forget_manifest": (),
+    "compose": ("compose_weights",),
+    "compose_private": (),
+    "prepare": ("dataset", "seed"),
+    "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans"),
+    "features": ("seed", "features.dtype", "train.precision"),
+    "evaluate_shard": _EVALUATED,
+    "evaluate_soup": _EVALUATED,
+    "evaluate_ensemble": (*_EVALUATED, "compose_weights"),
+    "evaluate_private": _EVALUATED,
+    # training as steps/train.load_job: the train block (less RUN_ONLY), the method, the head seed;
+    # the image size and channels for augmentation
+    "train": _TRAINING,
+    "train_vectorized": _TRAINING,  # one rule per method and N: `{method}` is passed in as a wildcard
+    "fusion_train": _TRAINING,
+    "last_grid": (*_TRAINING, "dataset.source", "last_grid"),  # the grid's points vary the base method
+    "fusion_match": (*LABELS, "fusion.blocks", "fusion.match_ffn"),
+    "fuse": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn",
+                            *{"fisher": ("fusion.fisher_samples",), "regmean": ("fusion.regmean_alpha",)}.get(
+                                w["fusion"], ())),
+    # the claims report's settings line and method order (reports/claims.py)
+    "report": ("experiment", "dataset.source", "dataset.path", "dataset.img_size", "dataset.limit_per_class",
+               "dataset.source_classes", "backbone.source", "backbone.timm_name", "backbone.checkpoint",
+               "backbone.arch", "train.epochs", "train.batch_size", "train.lr", "shards", "seeds", "device",
+               "methods"),
+}
+
+
+class SettingsError(KeyError):
+    """A rule without settings, or a key it needs that the config lacks."""
+
+
+VECTORIZED_RULE = "train_vectorized_"  # train_vectorized_{method}_n{N} (train.smk)
+
+
+def settings_rule(rule: str) -> str:
+    """The `RULE_KEYS` entry of a rule: the vectorized training rules share one."""
+    return "train_vectorized" if rule.startswith(VECTORIZED_RULE) else rule
+
+
+def converted(rule: str) -> bool:
+    """Whether `rule`'s step reads its settings only (and is handed no config)."""
+    return settings_rule(rule) in RULE_KEYS
+
+
+def settings_for(rule: str, config: Mapping, wildcards: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings of one job of `rule`: the config's keys the rule reads, nested as in the
+    config, with every mapping's keys sorted (so reordering the config reruns nothing).
+
+    Args:
+        rule: a rule of `RULE_KEYS`.
+        config: the validated config.
+        wildcards: the job's wildcards (for keys that name one, e.g. `methods.{method}`).
+    """
+    if not converted(rule):
+        raise SettingsError(f"rule '{rule}' has no settings in pipeline_src/plan/step_settings.py")
+    w = dict(wildcards.items()) if wildcards is not None else {}  # a Snakemake Wildcards is a list with items()
+    keys = RULE_KEYS[settings_rule(rule)]
+    paths = keys(config, w) if callable(keys) else keys
+    out: dict[str, Any] = {}
+    for path in paths:
+        parts = path.format(**w).split(".")
+        node: Any = config
+        for i, part in enumerate(parts):
+            if not isinstance(node, Mapping) or part not in node:
+                raise SettingsError(f"rule '{rule}' reads config key '{'.'.join(parts[:i + 1])}', "
+                                    "which the config lacks")
+            node = node[part]
+        target = out
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = node
+    out = canonical(out)
+    for run_only in RUN_ONLY.values():  # a section read whole holds them: drop them (named leaves stay)
+        *parents, leaf = run_only.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if parents and isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def job_config(settings: Mapping, runtime: Mapping) -> dict[str, Any]:
+    """A job's settings with its `RUN_ONLY` values put back at their config keys: the part of the
+    config the job reads, for code that takes a config (e.g. `job_settings.train_settings`).
+
+    Args:
+        settings: the job's settings (`settings_for`).
+        runtime: its run-only settings (`run_only_settings`).
+    """
+    out = canonical(settings)
+    for name, path in RUN_ONLY.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = runtime.get(name)
+    return out
+
+
+def run_only_settings(config: Mapping) -> dict[str, Any]:
+    """The `RUN_ONLY` settings (`args.runtime`) of any job: a missing key is None.
+
+    Args:
+        config: the validated config.
+    """
+    out = {}
+    for name, path in RUN_ONLY.items():
+        node: Any = config
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        out[name] = node
+    return out
+
+
+def canonical(value: Any) -> Any:
+    """`value` with every mapping a plain dict whose keys are sorted (lists keep their order)."""
+    if isinstance(value, Mapping):
+        return {k: canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    return value
