@@ -87,7 +87,8 @@ def counts(cfg: dict) -> tuple[int, int]:
     from pipeline_src.plan.config import validate_config
     from pipeline_src.plan.samples import assign_splits, list_samples
 
-    cfg = validate_config({**cfg, "privacy": {"enabled": False}}, count_samples=False)
+    cfg = validate_config({**cfg, "privacy": {"enabled": False}, "fusion": {"enabled": False},
+                           "forget": {"study": {"enabled": False}}}, count_samples=False)
     table = assign_splits(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])
     task, split = table.column("task").to_pylist(), table.column("split").to_pylist()
     return table.num_rows, sum(t == "target" and s == "train" for t, s in zip(task, split))
@@ -96,8 +97,8 @@ def counts(cfg: dict) -> tuple[int, int]:
 def with_privacy_and_fusion(cfg: dict, studies: set[str], n_train: int, privacy: dict, fusion: dict) -> dict:
     """The config with the privacy and fusion sections asked for; no unlearning study or LAST grid."""
     cfg = {**cfg, "forget": {"study": {"enabled": False}}, "last_grid": {"enabled": False}}
-    cfg["privacy"] = ({"enabled": True, "public_train_size": n_train, **privacy} if "privacy" in studies
-                      else {"enabled": False})
+    cfg["privacy"] = ({"enabled": True, "public_train_size": n_train, "batch_size": min(64, n_train), **privacy}
+                      if "privacy" in studies else {"enabled": False})  # (a smoke run's shard holds < 64 images)
     cfg["fusion"] = {"enabled": True, **fusion} if "fusion" in studies else {"enabled": False}
     return cfg
 
@@ -129,6 +130,9 @@ def fashion_config(limit: int | None, args) -> dict:
     cfg["methods"] = {k: cfg["methods"][k] for k in ("fc", "nlft-1", "taft-1", "last")}
     cfg["shards"] = [1, 10]
     cfg["train"].update(epochs=args.epochs, eval_batch_size=256)
+    milestones = [m for m in cfg["train"]["schedule"].get("milestones", []) if m < args.epochs]
+    cfg["train"]["schedule"] = ({**cfg["train"]["schedule"], "milestones": milestones} if milestones
+                                else {"name": "constant"})  # the study's lr steps come after these epochs
     cfg["backbone"]["pretrain"]["epochs"] = 1
     _, n_train = counts(cfg)
     return with_privacy_and_fusion(
