@@ -7,7 +7,7 @@ process is its peak to the very end, the interpreter's shutdown included (atexit
 teardown), which the job's own `[launch] peak RSS` line cannot see (`store/job_rss.py`).
 
 The job process gets the client's environment (a GPU assigned through `CUDA_VISIBLE_DEVICES` holds),
-working directory and import path, and its own process group, like a fork-server child: the
+working directory and import path, and its own session (process group), like a fork-server child: the
 orphan guard (`orphan_guard.py`) kills that group, a SIGTERM or SIGINT of the client is passed on,
 and the process dies with its client (`PR_SET_PDEATHSIG`) if the client is SIGKILLed.
 
@@ -84,7 +84,7 @@ def run_measured(step: str, args: Any, on_child: Callable[[int], None] | None = 
                             "parent": os.getpid()})
     # cwd: `-m` puts it first on the path, so the process imports this very package (as the fork server does)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.job_process"], cwd=PACKAGE.parent,
-                            stdin=subprocess.PIPE, process_group=0)
+                            stdin=subprocess.PIPE, start_new_session=True)
     if on_child is not None:
         on_child(proc.pid)
 
