@@ -217,7 +217,10 @@ def summary(rows: list[dict], baseline_mb: float, mode: str) -> str:
              f"| rule | peak at {small:,} images (MB) | peak at {large:,} (MB) | growth (MB) | ratio | {goal} |",
              "|---|---|---|---|---|---|"]
     for case in sorted({c for _, c in peak}):
-        if (small, case) not in peak or (large, case) not in peak:
+        if (small, case) not in peak or (large, case) not in peak:  # a rule of one size only: shown, not judged
+            a, b = peak.get((small, case)), peak.get((large, case))
+            lines.append(f"| {case} | {'–' if a is None else f'{a:,.0f}'} | {'–' if b is None else f'{b:,.0f}'} "
+                         "| – | – | n/a |")
             continue
         a, b = peak[small, case], peak[large, case]
         ok = (b - a <= GROWTH_MB) if mode == "synthetic" else (b <= RATIO * a)
@@ -247,19 +250,24 @@ def main() -> None:
     baseline, wall = import_baseline()
     rows = [benchmark_row("bench_scale", "baseline", "cpu", {"mode": args.mode, "imports": list(PRELOAD)}, [wall * 1e3],
                           baseline, method="os.wait4 ru_maxrss of a process importing the fork server's PRELOAD")]
+    path = Path(args.out_dir) / f"bench_scale_{args.mode}.parquet"
+
+    def save(new: list[dict]) -> None:  # after every size: a later size that fails keeps the earlier rows
+        rows.extend(new)
+        write_benchmark_rows(f"bench_scale_{args.mode}", rows, args.out_dir)
+
     if args.mode == "synthetic":
         for n in (int(s) for s in args.sizes.split(",")):
             data = Path(args.work) / f"data{n}_{args.img_size}px"
             make_image_folder(data, n, args.img_size)
             cfg = synthetic_config(data, args)
-            rows += run_size(f"n{n}", cfg, counts(cfg)[0], {"mode": "synthetic", "img_size": args.img_size,
-                                                            "shards": args.shards, "every": args.every}, args)
+            save(run_size(f"n{n}", cfg, counts(cfg)[0], {"mode": "synthetic", "img_size": args.img_size,
+                                                         "shards": args.shards, "every": args.every}, args))
     else:
         for limit in (None if s.lower() in ("none", "null", "full") else int(s) for s in args.limits.split(",")):
             cfg = fashion_config(limit, args)
-            rows += run_size(f"fashion_{limit or 'all'}", cfg, counts(cfg)[0],
-                             {"mode": "fashion", "limit_per_class": limit, "epochs": args.epochs}, args)
-    path = write_benchmark_rows(f"bench_scale_{args.mode}", rows, args.out_dir)
+            save(run_size(f"fashion_{limit or 'all'}", cfg, counts(cfg)[0],
+                          {"mode": "fashion", "limit_per_class": limit, "epochs": args.epochs}, args))
     print(f"wrote {len(rows)} rows to {path}")
     if len({json.loads(r["sizes"]).get("images") for r in rows if r["case"] not in ("study", "baseline")}) > 1:
         table = summary([r for r in rows if r["case"] != "baseline"], baseline, args.mode)
