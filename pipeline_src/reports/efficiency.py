@@ -4,10 +4,13 @@
 - Snakemake's benchmark files (`<job>.bench.tsv`, the `jobs` view): each job's wall time `s`;
 - the jobs' own counters (`<job>.counters.parquet`, the `job_counters` view, written by
   `store/job_counters.py`): images (or feature rows) through the model, every epoch counted, and
-  the model FLOPs counted by PyTorch's `FlopCounterMode` on the job's first batch.
+  the model FLOPs counted by PyTorch's `FlopCounterMode` on the job's first batch;
+- the jobs' exact peak RSS (`<job>.rss.json`, the `job_rss` view, `store/job_rss.py`): `ru_maxrss`
+  from `os.wait4` of the process that reaped the job, its shutdown included.
 
 Columns: jobs, total wall time and its share of the study, the share of that wall time inside the
-step itself (the rest is start-up: Snakemake's script, imports, loading), images, images/s,
+step itself (the rest is start-up: Snakemake's script, imports, loading), the largest peak RSS of
+the rule's jobs, images, images/s,
 GFLOP per image, achieved GFLOP/s over the jobs' wall time, and that as a percentage of the
 machine's GEMM peak measured here at the jobs' thread count (`store/gemm_peak.py`, float32; the
 table's title names the device), and the same over the steps' own wall time (start-up excluded:
@@ -27,14 +30,17 @@ from pipeline_src.reports.files import has_rows, save_table
 
 JOBS_SQL = """
 SELECT j.filename AS path, j.s AS wall_s, c.rule, c.images, c.flops, c.flop_images, c.device, c.device_name,
-       c.threads, c.step_wall_s
+       c.threads, c.step_wall_s, r.peak_rss_mb
 FROM (SELECT filename, sum(s) AS s FROM jobs GROUP BY filename) j
 LEFT JOIN {counters} c
   ON regexp_replace(j.filename, '\\.bench\\.tsv$', '') = regexp_replace(c.filename, '\\.counters\\.parquet$', '')
+LEFT JOIN {rss} r
+  ON regexp_replace(j.filename, '\\.bench\\.tsv$', '') = regexp_replace(r.filename, '\\.rss\\.json$', '')
 """
 NO_COUNTERS = ("(SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS rule, NULL::BIGINT AS images, "
                "NULL::DOUBLE AS flops, NULL::BIGINT AS flop_images, NULL::VARCHAR AS device, "
                "NULL::VARCHAR AS device_name, NULL::INTEGER AS threads, NULL::DOUBLE AS step_wall_s WHERE false)")
+NO_RSS = "(SELECT NULL::VARCHAR AS filename, NULL::DOUBLE AS peak_rss_mb WHERE false)"
 
 # Log folders whose jobs come from more than one rule: the job file's stem tells them apart.
 _BY_STEM = {"evaluate": {"soup": "evaluate_soup", "ensemble": "evaluate_ensemble"}}
@@ -53,9 +59,10 @@ def rule_of_log(path: str) -> str:
 
 
 def job_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """One row per job: its benchmark wall time joined with its counters (NULL where none)."""
+    """One row per job: its benchmark wall time joined with its counters and its peak RSS (NULL where none)."""
     views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
-    df = con.sql(JOBS_SQL.format(counters="job_counters" if "job_counters" in views else NO_COUNTERS)).df()
+    df = con.sql(JOBS_SQL.format(counters="job_counters" if "job_counters" in views else NO_COUNTERS,
+                                 rss="job_rss" if "job_rss" in views else NO_RSS)).df()
     df["rule"] = [r if isinstance(r, str) and r else rule_of_log(p) for r, p in zip(df.rule, df.path)]
     return df
 
@@ -77,6 +84,7 @@ def rule_table(jobs: pd.DataFrame, peak: Callable[[str, int], tuple[float, str] 
                "wall_share_pct": 100 * g.wall_s.sum() / total_wall if total_wall > 0 else None,
                "in_step_pct": (100 * g.step_wall_s.sum() / g.wall_s[g.step_wall_s.notna()].sum()
                                if g.step_wall_s.notna().any() and g.wall_s[g.step_wall_s.notna()].sum() > 0 else None),
+               "peak_rss_mb": g.peak_rss_mb.max() if g.peak_rss_mb.notna().any() else None,
                "images": int(counted.images.sum()) if len(counted) else None,
                "images_per_s": counted.images.sum() / counted.wall_s.sum() if len(counted) and counted.wall_s.sum() > 0
                else None,
@@ -139,10 +147,11 @@ def efficiency_report(con: duckdb.DuckDBPyConnection, out_dir: Path,
     table = rule_table(job_table(con), peak)
     probes = sorted({(d, t): p for (d, t), p in getattr(peak, "cache", {}).items() if p}.items())
     where = "; ".join(f"{p[1]}: {p[0] / 1e9:.1f} GFLOP/s" for _, p in probes)
-    title = ("Per-rule efficiency: wall time (Snakemake benchmark files), images and model FLOPs (the jobs' "
+    title = ("Per-rule efficiency: wall time (Snakemake benchmark files), peak RSS (wait4 of each job process), "
+             "images and model FLOPs (the jobs' "
              "counters, torch FlopCounterMode) against the measured GEMM peak"
              + (f" ({where})" if where else ""))
-    formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "images": ".0f", "images_per_s": ".1f",
+    formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "peak_rss_mb": ".0f", "images": ".0f", "images_per_s": ".1f",
                "gflop_per_image": ".4g", "gflop_per_s": ".3g", "peak_gflop_per_s": ".1f", "peak_pct": ".2f",
                "in_step_peak_pct": ".2f",
                "threads": ".0f"}

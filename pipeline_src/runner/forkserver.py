@@ -6,7 +6,8 @@ package's code, so a job never runs another checkout's or an older version's cod
 the heavy libraries once and then forks a fresh child for every job. The child runs the step in
 the job's working directory, environment, umask and import path (so a GPU assigned through
 `CUDA_VISIBLE_DEVICES` still applies) with stdout/stderr in the job's log, and reports its exit
-status back.
+status back. The server reaps each child with `os.wait4` and sends the client the child's exact peak
+RSS (`ru_maxrss`: to its exit, `store/job_rss.py`) after the exit status; the client records it.
 
 The server never starts threads or CUDA before forking. When a job's client dies (its Snakemake
 killed: the client stops itself then, `orphan_guard.py`) the server kills that job's child, so no orphan writes results behind a rerun, and then
@@ -31,6 +32,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Callable
+
+from pipeline_src.runner.job_process import EXECUTE, JobExit, reap, resolve
 
 IDLE_SECONDS = 120
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
@@ -92,8 +95,9 @@ def serve(path: Path) -> None:
             ready, _, _ = select.select([server, *jobs.values()], [], [], 1.0)
             died = 0
             for pid in list(jobs):  # reap finished children; closing tells a client whose child died
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    died += _client_gone(jobs.pop(pid))
+                done = reap(pid, block=False)
+                if done is not None:
+                    died += _client_gone(jobs.pop(pid), done)
             for pid in [pid for pid, conn in jobs.items() if conn in ready]:
                 conn = jobs.pop(pid)
                 try:
@@ -101,11 +105,11 @@ def serve(path: Path) -> None:
                 except OSError:  # reset: the client died with the exit status unread
                     got = b""
                 if got == _DONE:  # the client got its exit status; the child is exiting
-                    os.waitpid(pid, 0)
+                    _send_peak(conn, reap(pid))
                 else:  # EOF: the client died (Snakemake killed); stop its job before a rerun starts
-                    if not os.waitpid(pid, os.WNOHANG)[0]:
+                    if reap(pid, block=False) is None:
                         os.killpg(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
+                        reap(pid)
                     died += 1
                 conn.close()
             if died and not jobs:
@@ -136,9 +140,20 @@ def serve(path: Path) -> None:
             path.unlink()
 
 
-def _client_gone(conn: socket.socket) -> int:
-    """Close the connection of a job that ended by itself; 1 if its client had died meanwhile
-    (EOF without `_DONE`: a killed run), else 0."""
+def _send_peak(conn: socket.socket, done: JobExit) -> None:
+    """Send the reaped child's wait status and peak RSS to its client: `("exit", code, KiB)`. The
+    client waits for it after `_DONE`, or gets it instead of the child's exit status if the child
+    died without reporting one (e.g. killed for memory)."""
+    try:
+        conn.settimeout(5.0)
+        _send(conn, ("exit", done.code, done.peak_kib))
+    except OSError:  # the client died meanwhile: nobody to tell
+        pass
+
+
+def _client_gone(conn: socket.socket, done: JobExit) -> int:
+    """Close the connection of a job that ended by itself, after sending its client the child's
+    peak; 1 if its client had died meanwhile (EOF without `_DONE`: a killed run), else 0."""
     try:
         conn.setblocking(False)
         got = conn.recv(1)
@@ -146,6 +161,8 @@ def _client_gone(conn: socket.socket) -> int:
         got = _DONE
     except OSError:  # reset
         got = b""
+    if got == _DONE:  # queued after the child's exit status, if the child sent one before exiting
+        _send_peak(conn, done)
     conn.close()
     return int(got != _DONE)
 
@@ -161,9 +178,7 @@ def _child(conn: socket.socket, request: dict) -> None:
         os.umask(request["umask"])
         # The job's import path first, in its order: its own workflow's package wins.
         sys.path[:] = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
-        from pipeline_src.runner.execute import execute
-
-        code = execute(request["step"], request["args"])
+        code = int(resolve(request["call"])(request["step"], request["args"]) or 0)
     except BaseException:  # report anything, including SystemExit from a step
         traceback.print_exc()
     finally:
@@ -210,22 +225,27 @@ def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
     return None
 
 
-def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None) -> int | None:
+def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None, *, call: str = EXECUTE,
+                  path: Path | None = None) -> JobExit | None:
     """Run a step in a forked child of the server; None when no server could be reached.
 
     Args:
         step: the step module's name.
         args: the job's StepArgs.
         on_child: called with the child's pid (its process group) once it runs.
+        call: `module:function` the child runs as `call(step, args)` (a test's probe; jobs run `EXECUTE`).
+        path: the server's socket (default: `socket_path()`, started if missing).
+    Returns:
+        The child's exit status and peak RSS (None where the server could not send it).
     """
-    sock = _ensure_server(socket_path())
+    sock = _ensure_server(path or socket_path())
     if sock is None:
         return None
     with sock:
         umask = os.umask(0o022)
         os.umask(umask)
-        _send(sock, {"step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": sys.path,
-                     "umask": umask})
+        _send(sock, {"call": call, "step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ),
+                     "sys_path": sys.path, "umask": umask})
         child = _recv(sock)
         if on_child is not None:
             on_child(child)
@@ -237,14 +257,18 @@ def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         try:
-            code = int(_recv(sock))
+            got = _recv(sock)
         except ConnectionError:
-            return 1  # the child died without reporting (e.g. killed for memory)
+            return JobExit(1, None)
+        if isinstance(got, tuple):  # the child died without reporting (e.g. killed for memory): the server's word
+            return JobExit(int(got[1]) or 1, got[2])
         try:
             sock.sendall(_DONE)
-        except OSError:
-            pass
-        return code
+            sock.settimeout(60.0)  # the server reaps the child (it is exiting), then sends its peak
+            _, _, peak = _recv(sock)
+        except (OSError, ConnectionError, ValueError, TypeError):
+            peak = None
+        return JobExit(int(got), peak)
 
 
 if __name__ == "__main__":

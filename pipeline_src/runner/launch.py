@@ -4,7 +4,10 @@ Every rule's script, `workflow/scripts/step.py`, calls `run_step(<step>, snakema
 stdout and stderr (tqdm progress included) go to the rule's `log:` file, and
 `pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
 (`pipeline_src/runner/forkserver.py`, which saves the seconds of importing torch per job) or, with
-`PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in this process.
+`PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in a process of its
+own (`pipeline_src/runner/job_process.py`). Either way the process that reaps the job measures its
+exact peak RSS with `os.wait4`, and this client writes it beside the log, `<log stem>.rss.json`
+(`store/job_rss.py`).
 
 A job that declares the `gpu` resource holds that many device slots for its whole run
 (`pipeline_src/runner/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
@@ -18,10 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline_src.runner.execute import execute
 from pipeline_src.runner.gpu_slots import acquire_gpu
+from pipeline_src.runner.job_process import JobExit, run_measured
 from pipeline_src.runner.orphan_guard import stop_with_run
 from pipeline_src.runner.step_args import from_snakemake
+from pipeline_src.store.job_rss import clear_job_rss, write_job_rss
 
 
 def _check_own_code(scriptdir: str | None) -> None:
@@ -40,19 +44,24 @@ def run_step(step: str, smk) -> None:
     """Run `pipeline_src.steps.<step>.main` for the job described by Snakemake's object."""
     _check_own_code(getattr(smk, "scriptdir", None))
     args = from_snakemake(smk)
-    child: list[int] = []  # the fork-server child's pid (= its process group), once known
-    stop_with_run(lambda: child[0] if child else None)  # a killed Snakemake stops this job too
+    child: list[int] = []  # the job process's pid (= its process group: a fork-server child or its own), once known
+    stop_with_run(lambda: child[-1] if child else None)  # a killed Snakemake stops this job too
+    if args.log:
+        clear_job_rss(args.log[0])
     with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
-        code = None
+        done: JobExit | None = None
         # Not inside a Slurm job: a server started there would outlive the job's allocation.
         if os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
             from pipeline_src.runner.forkserver import run_in_server
 
-            code = run_in_server(step, args, child.append)  # the child takes this process's environment
-        if code is None:
-            console = os.dup(2)
-            code = execute(step, args)
-            os.dup2(console, 2)
+            done = run_in_server(step, args, child.append)  # the child takes this process's environment
+            how = "wait4: fork-server child"
+        if done is None:
+            done = run_measured(step, args, child.append)
+            how = "wait4: job process"
+    if args.log and done.peak_kib is not None:
+        write_job_rss(args.log[0], done.peak_kib, how, done.code)
+    code = done.code
     if code:
         # Show the reason on the console too, not only in the log.
         tail = Path(args.log[0]).read_text().strip().splitlines()[-1:] if args.log else []

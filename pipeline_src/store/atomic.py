@@ -20,10 +20,10 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:  # pyarrow only where a Parquet file is written: a job's client imports this module
+    import pyarrow as pa
 
 
 def _umask() -> int:
@@ -191,6 +191,8 @@ def atomic_path(path: str | os.PathLike, mode: int | None = None) -> Iterator[Pa
 
 def write_parquet(table: pa.Table, path: str | os.PathLike, mode: int | None = None) -> None:
     """Write a pyarrow table atomically (`mode`: as `atomic_path`)."""
+    import pyarrow.parquet as pq
+
     with atomic_path(path, mode) as tmp:
         pq.write_table(table, tmp)
 

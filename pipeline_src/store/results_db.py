@@ -9,6 +9,7 @@
 | samples | `results/prepare/samples.parquet` |
 | jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
 | job_counters | each job's own counters beside its log, `results/logs/**/*.counters.parquet`: images and model FLOPs (`pipeline_src/store/job_counters.py`) |
+| job_rss | each job's exact peak RSS beside its log, `results/logs/**/*.rss.json`, measured by the process that reaped it (`pipeline_src/store/job_rss.py`) |
 | environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
 Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
@@ -35,6 +36,7 @@ VIEWS = {
     "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
     "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
     "job_counters": ("logs/**/*.counters.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true, filename=true)"),
+    "job_rss": ("logs/**/*.rss.json", None),
 }
 
 
@@ -76,6 +78,18 @@ def _create_models_table(con: duckdb.DuckDBPyConnection, files: list[str]) -> No
     con.execute("CREATE OR REPLACE VIEW models AS SELECT * FROM _models")  # a view, like every other kind
 
 
+def _create_job_rss_table(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
+    """The `job_rss` view: one row per job's peak file, with its `filename`; read here (a few
+    hundred bytes each), not by `read_json_auto`, which gives every file its own 32 MB buffer."""
+    from pipeline_src.store.job_rss import read_job_rss
+
+    rows = pa.Table.from_pylist([{"filename": f, **read_job_rss(f)} for f in files], schema=pa.schema([  # noqa: F841
+        ("filename", pa.string()), ("peak_rss_mb", pa.float64()), ("peak_rss_kib", pa.int64()),
+        ("measured_by", pa.string()), ("exit_code", pa.int32())]))
+    con.execute("CREATE OR REPLACE TABLE _job_rss AS SELECT * FROM rows")
+    con.execute("CREATE OR REPLACE VIEW job_rss AS SELECT * FROM _job_rss")
+
+
 def connect(results_dir: str | Path = "results", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with one view per kind of result file."""
     results = Path(results_dir)
@@ -86,6 +100,8 @@ def connect(results_dir: str | Path = "results", database: str = ":memory:") -> 
         if name == "models":
             files = [f for d in ("train", "compose") for f in glob.glob(str(results / d / "**" / "*.json"), recursive=True)]
             _create_models_table(con, files)
+        elif name == "job_rss":
+            _create_job_rss_table(con, sorted(glob.glob(str(results / pattern), recursive=True)))
         elif name in SCHEMAS:
             # Union with an empty table of the current schema, so old files gain its new columns.
             empty = pa.Table.from_pylist([], schema=SCHEMAS[name])  # noqa: F841 (read by DuckDB)

@@ -109,6 +109,9 @@ def test_report_has_the_per_rule_efficiency_table(study):
                                  WHERE model = 'ensemble'""").fetchall()[0][0]
     assert df.loc["evaluate_ensemble"].images == test_images * df.loc["evaluate_ensemble"].jobs
     assert abs(df.wall_share_pct.sum() - 100) < 1e-6
+    # every job's exact peak, from the fork server's wait4: a child holds the server's torch pages
+    assert not [j for j in jobs if not j.with_name(j.name.removesuffix(".bench.tsv") + ".rss.json").exists()]
+    assert (df.peak_rss_mb > 100).all(), df.peak_rss_mb
 
 
 def test_weight_distance_rows_and_fig4_report(study):

@@ -12,6 +12,7 @@ import pytest
 from pipeline_src.reports.efficiency import efficiency_report, rule_of_log
 from pipeline_src.store.atomic import write_parquet
 from pipeline_src.store.job_counters import COUNTERS_SCHEMA
+from pipeline_src.store.job_rss import write_job_rss
 from pipeline_src.store.results_db import connect
 
 BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
@@ -34,6 +35,10 @@ def counters(results: Path, rel: str, rule: str, images: int, flops_per_image: f
     write_parquet(pa.Table.from_pylist([row], schema=COUNTERS_SCHEMA), results / "logs" / f"{rel}.counters.parquet")
 
 
+def rss(results: Path, rel: str, mb: float) -> None:
+    write_job_rss(results / "logs" / f"{rel}.log", int(mb * 1024), "wait4: test", 0)
+
+
 def fixed_peak(flops_per_s: float):
     def peak(device: str, threads: int):
         return (flops_per_s * threads, f"test cpu ({threads} threads)") if device == "cpu" else None
@@ -47,11 +52,15 @@ def study(tmp_path) -> Path:
     # train: two jobs, 10 s and 30 s, 1,000 and 3,000 images at 2 MFLOP each
     bench(r, "train/taft-1/n2_s0/shard0", 10.0)
     counters(r, "train/taft-1/n2_s0/shard0", "train", 1000, 2e6, step_wall_s=8.0)
+    rss(r, "train/taft-1/n2_s0/shard0", 700.0)
+    rss(r, "train/taft-1/n2_s0/shard1", 900.5)  # the rule's largest
     bench(r, "train/taft-1/n2_s0/shard1", 30.0)
     counters(r, "train/taft-1/n2_s0/shard1", "train", 3000, 2e6, step_wall_s=28.0)
     # evaluate_ensemble: one job, 20 s, 500 images at 10 MFLOP
     bench(r, "evaluate/taft-1/n2_s0/ensemble", 20.0)
     counters(r, "evaluate/taft-1/n2_s0/ensemble", "evaluate_ensemble", 500, 1e7, threads=2, step_wall_s=15.0)
+    rss(r, "evaluate/taft-1/n2_s0/ensemble", 650.0)
+    rss(r, "evaluate/taft-1/n2_s0/soup", 9999.0)  # no benchmark file (the job failed): not in the table
     # evaluate_shard: a benchmark without counters (an older run): its rule from the path
     bench(r, "evaluate/taft-1/n2_s0/shard0", 5.0)
     # compose: counts no images
@@ -85,11 +94,13 @@ def test_efficiency_table(study, tmp_path):
     assert tr.gflop_per_s == pytest.approx(4000 * 2e6 / 40 / 1e9)
     assert tr.peak_gflop_per_s == pytest.approx(1.0) and tr.peak_pct == pytest.approx(20.0)
     assert tr.in_step_peak_pct == pytest.approx(100 * 4000 * 2e6 / 36 / 1e9)  # over the steps' 8 + 28 s
+    assert tr.peak_rss_mb == pytest.approx(900.5) and ev.peak_rss_mb == pytest.approx(650.0)  # max over the rule's jobs
     # two threads: the peak at two threads
     assert ev.images_per_s == pytest.approx(25.0) and ev.gflop_per_s == pytest.approx(0.25)
     assert ev.peak_gflop_per_s == pytest.approx(2.0) and ev.peak_pct == pytest.approx(12.5)
     sh, co = df.loc["evaluate_shard"], df.loc["compose"]
     assert sh.jobs == 1 and sh.wall_s == 5.0 and pd.isna(sh.images) and pd.isna(sh.gflop_per_s)
+    assert pd.isna(sh.peak_rss_mb) and pd.isna(df.loc["compose"].peak_rss_mb)  # no peak file: none shown
     assert co.wall_s == 2.0 and pd.isna(co.images) and pd.isna(co.peak_pct)
     md = (out / "efficiency.md").read_text()
     assert "test cpu (1 thread): 1.0 GFLOP/s" in md and "evaluate_ensemble" in md
@@ -105,3 +116,4 @@ def test_benchmarks_without_any_counters(tmp_path):
     bench(r, "prepare/prepare", 3.0)
     df = pd.read_csv(efficiency_report(connect(r), tmp_path, peak=fixed_peak(1e9))[1])
     assert df.rule.tolist() == ["prepare"] and df.wall_s.tolist() == [3.0] and df.images.isna().all()
+    assert df.peak_rss_mb.isna().all()

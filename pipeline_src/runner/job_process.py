@@ -1,0 +1,139 @@
+"""Run a job in its own process and reap it with `os.wait4`: its exit status and exact peak RSS.
+
+Without the fork server (`PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be
+reached) a job's client (`launch.py`) starts `python -m pipeline_src.runner.job_process`, hands it
+the job over a pipe and waits for it with `os.wait4`. The kernel's `ru_maxrss` of the reaped
+process is its peak to the very end, the interpreter's shutdown included (atexit handlers, module
+teardown), which the job's own `[launch] peak RSS` line cannot see (`store/job_rss.py`).
+
+The job process gets the client's environment (a GPU assigned through `CUDA_VISIBLE_DEVICES` holds),
+working directory and import path, and its own session (process group), like a fork-server child: the
+orphan guard (`orphan_guard.py`) kills that group, a SIGTERM or SIGINT of the client is passed on,
+and the process dies with its client (`PR_SET_PDEATHSIG`) if the client is SIGKILLed.
+
+Note: `ru_maxrss` of an exec'd child starts at its parent's RSS at the exec (the kernel keeps the
+old address space's high-water mark), so the figure is at least the client's RSS (a Python with
+Snakemake's script module, far below a job's torch import).
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/job_process.py)
+EXECUTE = "pipeline_src.runner.execute:execute"  # what a job process runs: `execute(step, args)`
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class JobExit:
+    """How a job process ended: its exit status (128 + n when killed by signal n) and its peak RSS
+    in KiB (`ru_maxrss` from `os.wait4`; None where it could not be measured)."""
+
+    code: int
+    peak_kib: int | None
+
+
+def exit_code(status: int) -> int:
+    """A wait status as a shell would show it: the exit code, or 128 + the signal that killed it."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def reap(pid: int, block: bool = True) -> JobExit | None:
+    """Wait for the child `pid` with `os.wait4`; None if it still runs (block=False).
+
+    Args:
+        pid: a child of this process.
+        block: wait until it exits.
+    """
+    from pipeline_src.store.job_rss import maxrss_kib
+
+    got, status, usage = os.wait4(pid, 0 if block else os.WNOHANG)
+    if got == 0:
+        return None
+    return JobExit(exit_code(status), maxrss_kib(usage.ru_maxrss))
+
+
+def resolve(call: str) -> Callable[..., Any]:
+    """The function named `module:function`."""
+    module, _, name = call.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_measured(step: str, args: Any, on_child: Callable[[int], None] | None = None, *,
+                 call: str = EXECUTE) -> JobExit:
+    """Run `call(step, args)` in a new Python process of its own and reap it with `os.wait4`.
+
+    Args:
+        step: the step module's name.
+        args: the job's StepArgs (picklable).
+        on_child: called with the process's pid (its process group) once it runs.
+        call: `module:function` to run (a test's probe; jobs run `EXECUTE`).
+    """
+    request = pickle.dumps({"call": call, "step": step, "args": args, "cwd": os.getcwd(), "sys_path": sys.path,
+                            "parent": os.getpid()})
+    # cwd: `-m` puts it first on the path, so the process imports this very package (as the fork server does)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.job_process"], cwd=PACKAGE.parent,
+                            stdin=subprocess.PIPE, start_new_session=True)
+    if on_child is not None:
+        on_child(proc.pid)
+
+    def forward(signum, _frame):  # Snakemake cancelling the job stops the process too
+        os.killpg(proc.pid, signum)
+        raise SystemExit(128 + signum)
+
+    handlers = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            proc.stdin.write(request)
+            proc.stdin.close()
+        except BrokenPipeError:  # it died before reading: its status tells
+            pass
+        done = reap(proc.pid)
+        proc.returncode = done.code  # reaped here: Popen must not wait for it again
+        return done
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent (the job's client) dies; exit if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the orphan guard alone stops the job
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def main() -> None:
+    """The job process: read the request from stdin, run it, exit normally (shutdown is measured too)."""
+    request = pickle.loads(sys.stdin.buffer.read())
+    _die_with_parent(request["parent"])
+    null = os.open(os.devnull, os.O_RDONLY)  # the job's stdin, as a plain script's under Snakemake
+    os.dup2(null, 0)
+    os.close(null)
+    os.chdir(request["cwd"])
+    # The job's import path first, in its order (as in a fork-server child).
+    sys.path[:] = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]
+    code = 1
+    try:
+        code = int(resolve(request["call"])(request["step"], request["args"]) or 0)
+    except BaseException:  # report anything, including SystemExit from a step
+        traceback.print_exc()
+    sys.exit(code)  # not os._exit: atexit handlers and the interpreter's teardown run, inside the measured peak
+
+
+if __name__ == "__main__":
+    main()
