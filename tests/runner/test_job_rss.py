@@ -47,7 +47,9 @@ def measured(step: str, call: str = PROBE, log: Path | None = None) -> JobExit:
 def test_a_job_process_reports_the_memory_it_touched():
     idle, busy = measured("0,0"), measured(f"{MB},0")
     assert idle.code == busy.code == 0
-    assert busy.peak_kib - idle.peak_kib >= MB * 1024
+    # ru_maxrss of an exec'd process starts at its parent's RSS (the client's ~28 MB), which floors
+    # the idle figure slightly above the idle job's own peak: 10 % slack, still far from zero
+    assert busy.peak_kib - idle.peak_kib >= 0.9 * MB * 1024
     assert idle.peak_kib < 200 * 1024  # a Python with numpy
 
 
@@ -86,7 +88,9 @@ def test_a_fork_server_child_reports_the_memory_it_touched(server):
     idle = run_in_server("0,0", None, call=PROBE, path=server)
     busy = run_in_server(f"{MB},0", None, call=PROBE, path=server)
     assert idle.code == busy.code == 0 and idle.peak_kib and busy.peak_kib
-    assert busy.peak_kib - idle.peak_kib >= MB * 1024
+    # ru_maxrss of an exec'd process starts at its parent's RSS (the client's ~28 MB), which floors
+    # the idle figure slightly above the idle job's own peak: 10 % slack, still far from zero
+    assert busy.peak_kib - idle.peak_kib >= 0.9 * MB * 1024
     again = run_in_server("0,0", None, call=PROBE, path=server)  # each child its own peak, not the last one's
     assert again.peak_kib - idle.peak_kib < MB * 1024 // 2
     killed = run_in_server("kill", None, call="tests.runner.rss_probe:die", path=server)
