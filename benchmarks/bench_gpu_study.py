@@ -138,6 +138,7 @@ def main() -> None:
         if args.smoke:
             (wd / "smoke.yaml").write_text(SMOKE if part == "vitb" else "device: cpu\n")
             configs.append(str(wd / "smoke.yaml"))
+        part_rows = []
         for phase in PHASES[part]:
             name = phase or "all"
             cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(wd),
@@ -147,16 +148,16 @@ def main() -> None:
                 cmd += ["--until", phase]
             print(f"=== {part}/{name}: {' '.join(cmd)}", flush=True)
             row = run_phase(cmd, wd / f"{name}.log", wd / f"{name}.util.csv", args.timeout)
-            rows.append({"part": part, "phase": name, "device": device, **row})
+            part_rows.append({"part": part, "phase": name, "device": device, **row})
             print(f"    {row}", flush=True)
             if not row["finished"]:
                 break
         rates = rule_rates(wd / "results" / "report" / "efficiency.csv")
-        for row in rows:
-            rate = rates.get(row["phase"], {}) if row["part"] == part else {}
+        for row in part_rows:  # a phase named after a rule gets that rule's figures
+            rate = rates.get(row["phase"], {})
             for key in ("images", "images_per_s", "gflop_per_s", "in_step_pct"):
-                if row["part"] == part:
-                    row[key] = float(rate[key]) if rate.get(key) not in (None, "") else None
+                row[key] = float(rate[key]) if rate.get(key) not in (None, "") else None
+        rows += part_rows
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_parquet(pa.Table.from_pylist(rows), out / "gpu_study.parquet")

@@ -50,14 +50,6 @@ def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
     return x.numpy()
 
 
-def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
-    """Stored rows back as a float32 tensor."""
-    a = np.ascontiguousarray(a)
-    if dtype == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).float()
-    return torch.from_numpy(a).float()
-
-
 class FeatureCacheWriter:
     """Writes a cache in row order, chunk by chunk, to a temporary file; `close()` renames it
     into place and then writes the sidecar.
@@ -149,16 +141,13 @@ class FeatureCache:
         out = torch.empty((len(rows), *row_shape), dtype=torch.float32)
         step = max(1, READ_CHUNK_BYTES // max(1, self.array.row_bytes))
         for s in range(0, len(rows), step):  # float32 conversion a chunk at a time
-            chunk = self.array.read(rows[s:s + step])
-            if pos is not None:
-                chunk = chunk[:, pos]
-            out[s:s + len(chunk)] = from_storage(chunk, self.dtype)
+            out[s:s + step] = self.stored_rows(rows[s:s + step], blocks)
         return out
 
     def stored_rows(self, rows: np.ndarray, blocks: Sequence[int] | None = None) -> torch.Tensor:
         """These rows as stored (float16, bfloat16 or float32; no conversion), in the given order."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        chunk = self.array.read(rows)  # CachedRows checked the range
+        chunk = self.array.read(rows)  # the callers checked the range
         if blocks is not None:
             chunk = chunk[:, np.asarray(self.positions(blocks))]
         chunk = np.ascontiguousarray(chunk)
