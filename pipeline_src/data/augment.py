@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import multiprocessing as mp
 import random
+import signal
 from collections import deque
 from typing import Callable, Iterator, Sequence
 
@@ -69,6 +70,11 @@ def augment_one(transform, image: np.ndarray, seed: int) -> torch.Tensor:
 
 
 def _init_worker(transform) -> None:
+    # A forked worker inherits the parent's Python signal handlers; one that does not exit on
+    # SIGTERM kept `Pool.terminate` waiting forever. Workers die on SIGTERM and leave Ctrl-C
+    # to the parent, which terminates the pool.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _worker_transform
     torch.set_num_threads(1)
     _worker_transform = transform

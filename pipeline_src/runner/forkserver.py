@@ -254,21 +254,26 @@ def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None
             os.killpg(child, signum)
             raise SystemExit(128 + signum)
 
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
+        # restored after: a handler left behind would outlive the job and be inherited by
+        # anything the caller forks later (an augmentation pool stopped dying on SIGTERM)
+        handlers = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            got = _recv(sock)
-        except ConnectionError:
-            return JobExit(1, None)
-        if isinstance(got, tuple):  # the child died without reporting (e.g. killed for memory): the server's word
-            return JobExit(int(got[1]) or 1, got[2])
-        try:
-            sock.sendall(_DONE)
-            sock.settimeout(60.0)  # the server reaps the child (it is exiting), then sends its peak
-            _, _, peak = _recv(sock)
-        except (OSError, ConnectionError, ValueError, TypeError):
-            peak = None
-        return JobExit(int(got), peak)
+            try:
+                got = _recv(sock)
+            except ConnectionError:
+                return JobExit(1, None)
+            if isinstance(got, tuple):  # died without reporting (e.g. killed for memory): the server's word
+                return JobExit(int(got[1]) or 1, got[2])
+            try:
+                sock.sendall(_DONE)
+                sock.settimeout(60.0)  # the server reaps the child (it is exiting), then sends its peak
+                _, _, peak = _recv(sock)
+            except (OSError, ConnectionError, ValueError, TypeError):
+                peak = None
+            return JobExit(int(got), peak)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
 
 
 if __name__ == "__main__":

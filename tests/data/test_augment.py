@@ -106,3 +106,34 @@ def test_prefetching_changes_the_speed_never_the_values(store, order_seed, hits)
     assert len(store.ids("target", "train")) in range(9, 13)  # 3 batches of 4 per epoch
     weights, x = run(workers=2, order_seed=order_seed, batch_size=4)
     assert torch.equal(weights, reference) and x.prefetched == hits
+
+
+def test_close_stops_the_pool_whatever_sigterm_handler_the_process_inherited(image_folder, tmp_path):
+    """A process whose SIGTERM handler does not exit (here a no-op; in the suite, a client's
+    forwarding handler left behind) forks pool workers with that handler: `Pool.terminate` then
+    never ended them and `close()` hung (a CI run stalled on it). Run apart, with a time limit."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    samples = run_prepare(folder_config(image_folder), tmp_path)
+    code = f"""
+import signal, torch
+from pipeline_src.data.augment import AugmentedInputs, train_transform
+from pipeline_src.data.sample_store import SampleStore
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
+store = SampleStore({str(samples)!r})
+ids = store.ids("target", "train")
+for _ in range(10):  # the old code hung within 10 rounds here, mostly in the first few
+    x = AugmentedInputs(store, ids, train_transform({AUG!r}, 8, 3, {MEAN!r}, {STD!r}), lambda im: im,
+                        torch.device("cpu"), 3, workers=2, order_seed=1, batch_size=4)
+    x[torch.tensor([0])]  # off the predicted order: prefetched batches may still be pending
+    x.close()
+print("closed")
+"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("AugmentedInputs.close() did not return within 60 s", pytrace=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "closed", proc.stderr[-3000:]

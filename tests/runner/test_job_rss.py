@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -95,6 +96,13 @@ def test_a_fork_server_child_reports_the_memory_it_touched(server):
     assert again.peak_kib - idle.peak_kib < MB * 1024 // 2
     killed = run_in_server("kill", None, call="tests.runner.rss_probe:die", path=server)
     assert killed.code == 128 + 9 and killed.peak_kib is not None  # the server's word: the child sent none
+
+
+def test_the_client_leaves_its_signal_handlers_as_it_found_them(server):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert run_in_server("0,0", None, call=PROBE, path=server).code == 0
+    assert run_in_server("kill", None, call="tests.runner.rss_probe:die", path=server).code == 128 + 9
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
 def test_launch_writes_the_peak_beside_the_log(tmp_path, monkeypatch):
