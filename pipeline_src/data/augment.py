@@ -69,10 +69,18 @@ def augment_one(transform, image: np.ndarray, seed: int) -> torch.Tensor:
         np.random.set_state(np_state)
 
 
+def _pool_context():
+    """Workers forked from multiprocessing's fork server, a clean single-threaded process that
+    imported this module (torch, timm) once, not from the training process: a fork of that one
+    inherits its threads' locks and its signal handlers (a CI run hung in `close()` on them)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, "timm.data", "PIL.Image"])  # what a worker unpickles and runs
+    return ctx
+
+
 def _init_worker(transform) -> None:
-    # A forked worker inherits the parent's Python signal handlers; one that does not exit on
-    # SIGTERM kept `Pool.terminate` waiting forever. Workers die on SIGTERM and leave Ctrl-C
-    # to the parent, which terminates the pool.
+    # Workers die on SIGTERM (a handler that does not exit kept `Pool.terminate` waiting for
+    # ever) and leave Ctrl-C to the parent, which terminates the pool.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _worker_transform
@@ -139,7 +147,7 @@ class AugmentedInputs:
 
     def _submit(self, positions: Sequence[int], epoch: int):
         if self._pool is None:
-            self._pool = mp.get_context("fork").Pool(self.workers, _init_worker, (self.transform,))
+            self._pool = _pool_context().Pool(self.workers, _init_worker, (self.transform,))
         return self._pool.map_async(_augment_in_worker, self._items(positions, epoch))
 
     def images(self, positions: Sequence[int], epoch: int) -> torch.Tensor:
