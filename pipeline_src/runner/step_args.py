@@ -55,6 +55,21 @@ class NoConfig(dict):
         return NoConfig, (self.rule,)
 
 
+class JobConfig(dict):
+    """A converted rule's job config (`StepArgs.job_config`): its settings and run-only values,
+    nested as in the config; reading a key that they lack raises at once, naming the rule and the
+    key, so a step cannot read a setting that its params (the rerun trigger) do not hold."""
+
+    def __init__(self, values: dict, rule: str, prefix: str = "") -> None:
+        super().__init__({k: JobConfig(v, rule, f"{prefix}{k}.") if isinstance(v, dict) else v
+                          for k, v in values.items()})
+        self.rule, self.prefix = rule, prefix
+
+    def __missing__(self, key: str):
+        raise KeyError(f"rule '{self.rule}' reads config key '{self.prefix}{key}', which its settings lack "
+                       "(RULE_KEYS in pipeline_src/plan/step_settings.py)")
+
+
 @dataclass
 class StepArgs:
     input: Paths = field(default_factory=Paths)
@@ -79,7 +94,9 @@ class StepArgs:
     def job_config(self) -> dict[str, Any]:
         """The config as this job may read it: its settings with the run-only values at their keys
         (`plan/step_settings.job_config`) for a converted rule, the whole config for the others."""
-        return job_config(self.settings, self.runtime) if converted(self.rule) else self.config
+        if not converted(self.rule):
+            return self.config
+        return JobConfig(job_config(self.settings, self.runtime), self.rule)
 
 
 def _paths(named_list) -> Paths:
