@@ -2,8 +2,9 @@
 
 Steps take a `StepArgs`, so they run the same from a Snakemake `script:`, from a test, or
 from the command line. A step reads its settings from `args.settings` (the rule's `settings`
-param, `plan/step_settings.py`) and how to run from `args.runtime`; the rules not yet converted
-still read the whole config as `args.config`, which for a converted rule raises on any access.
+param, `plan/step_settings.py`), or both as one job config (`StepArgs.job_config`), and how to
+run from `args.runtime`. Every rule with a step is converted: `args.config` raises on any access
+(a rule without settings, e.g. a test's probe, gets the whole config).
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class StepArgs:
     log: Paths = field(default_factory=Paths)
     threads: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)  # rules not yet converted only (else NoConfig)
+    config: dict[str, Any] = field(default_factory=dict)  # rules without settings only (else NoConfig)
     rule: str = ""  # the Snakemake rule (recorded with the job's counters)
     runtime: dict[str, Any] = field(default_factory=dict)  # plan/step_settings.RUN_ONLY: how to run, no rerun
 
