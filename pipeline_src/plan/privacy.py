@@ -69,6 +69,26 @@ def dp_settings(cfg: dict, protocol: str) -> dict:
     return {**out, "protocol": protocol}
 
 
+def jvp_only_applies(method_cfg: dict, protocol: str) -> bool:
+    """Whether `privacy.jvp_only` changes what a DP job of this method and protocol trains
+    (`dp_method_config`): a tangent method under protocol ours (the paper's always predicts from J·Δw)."""
+    return kind_of(method_cfg).tangent and protocol != "paper"
+
+
+def target_epsilon(cfg: dict, label: str) -> float:
+    """The configured ε whose path label is `label` (a wildcard naming no configured ε is refused).
+
+    Args:
+        cfg: the validated config.
+        label: the `eps` wildcard (`epsilon_label`).
+    """
+    for eps in cfg["privacy"]["epsilons"]:
+        if epsilon_label(eps) == label:
+            return float(eps)
+    raise ValueError(f"epsilon wildcard 'eps{label}' matches none of config key 'privacy.epsilons' "
+                     f"{cfg['privacy']['epsilons']}")
+
+
 def dp_method_config(method_cfg: dict, protocol: str, jvp_only: bool | None) -> dict:
     """The method config a DP job trains and records. ours: `privacy.jvp_only` overrides a
     tangent method's own unless None. paper (TAFT App. A: "the standard cross entropy loss",

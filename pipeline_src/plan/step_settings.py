@@ -28,9 +28,43 @@ _TRAINING = ("experiment", "seed", "train", "methods.{method}", "dataset.img_siz
 LABELS = ("experiment", "dataset.source")  # the study's name and data source, written into every metrics row
 _EVALUATED = LABELS  # an evaluation of one model
 
+_STUDY = (*LABELS, "seed", "methods.{method}")  # a study job's rows, record and head init (steps/forget/common.py)
+
+
+def _unlearn_drop(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
+    """sisa-drop weighs the remaining shards' logits by `compose_weights`; a tangent method's
+    `subtract` takes its weights from the composed model's record (the `compose` job reads the key)."""
+    from pipeline_src.methods.kinds import kind_of
+
+    return _STUDY if kind_of(cfg["methods"][w["method"]]).tangent else (*_STUDY, "compose_weights")
+
+
+def _nonlinear_paragon(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
+    """The studied method and the method of `methods:` that is its non-linear paragon, if any
+    (`plan.forget.nonlinear_paragon` finds that one among the settings' methods as in the config)."""
+    from pipeline_src.plan.forget import nonlinear_paragon
+
+    found = nonlinear_paragon(cfg, w["method"])
+    own = (f"methods.{found[0]}",) if found is not None and found[0] in cfg["methods"] else ()
+    return (*_STUDY, "train", *own)
+
+
+def _private_training(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
+    """The DP settings of the job's protocol (`plan.privacy.dp_settings`), the public shard size,
+    the method (and `privacy.jvp_only` where it applies) and the head seed: public values only,
+    no member id, no true size, no `train:` block (a DP job trains with `privacy:` settings)."""
+    from pipeline_src.plan.privacy import DP_SETTINGS, jvp_only_applies
+
+    protocol = w.get("protocol", cfg["privacy"]["protocol"])
+    jvp = ("privacy.jvp_only",) if jvp_only_applies(cfg["methods"][w["method"]], protocol) else ()
+    paper = ("privacy.paper.epochs", "privacy.paper.lr") if protocol == "paper" else ()
+    return ("experiment", "seed", "methods.{method}", "privacy.public_train_size",
+            *(f"privacy.{k}" for k in DP_SETTINGS), *paper, *jvp)
+
+
 # Rule -> the config keys its step reads (dotted paths; `{wildcard}` is the job's value), or a
 # function of (config, wildcards) giving them. A rule listed here is converted: its step reads
-# its settings only. Rules not listed still get the whole config as `args.config`.
+# its settings only (every rule with a step is: tests/plan/test_step_settings.py).
 RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, ...]]] = {
     "signature": (),
     "forget_manifest": (),
@@ -53,6 +87,13 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "fuse": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn",
                             *{"fisher": ("fusion.fisher_samples",), "regmean": ("fusion.regmean_alpha",)}.get(
                                 w["fusion"], ())),
+    # the unlearning and ablation studies (steps/forget/, steps/ablation.py): training as the train step
+    "unlearn_drop": _unlearn_drop,
+    "unlearn_retrain": (*_STUDY, "train", "compose_weights"),  # retrains shards, recomposes as `compose`
+    "unlearn_paragon": (*_STUDY, "train"),
+    "unlearn_paragon_nonlinear": _nonlinear_paragon,
+    "ablation": (*_STUDY, "train"),  # the variant's point is its `point` param
+    "train_private": _private_training,  # its target ε is its `epsilon` param
     # the claims report's settings line and method order (reports/claims.py)
     "report": ("experiment", "dataset.source", "dataset.path", "dataset.img_size", "dataset.limit_per_class",
                "dataset.source_classes", "backbone.source", "backbone.timm_name", "backbone.checkpoint",

@@ -2,8 +2,9 @@
 
 Steps take a `StepArgs`, so they run the same from a Snakemake `script:`, from a test, or
 from the command line. A step reads its settings from `args.settings` (the rule's `settings`
-param, `plan/step_settings.py`) and how to run from `args.runtime`; the rules not yet converted
-still read the whole config as `args.config`, which for a converted rule raises on any access.
+param, `plan/step_settings.py`), or both as one job config (`StepArgs.job_config`), and how to
+run from `args.runtime`. Every rule with a step is converted: `args.config` raises on any access
+(a rule without settings, e.g. a test's probe, gets the whole config).
 """
 from __future__ import annotations
 
@@ -55,6 +56,21 @@ class NoConfig(dict):
         return NoConfig, (self.rule,)
 
 
+class JobConfig(dict):
+    """A converted rule's job config (`StepArgs.job_config`): its settings and run-only values,
+    nested as in the config; reading a key that they lack raises at once, naming the rule and the
+    key, so a step cannot read a setting that its params (the rerun trigger) do not hold."""
+
+    def __init__(self, values: dict, rule: str, prefix: str = "") -> None:
+        super().__init__({k: JobConfig(v, rule, f"{prefix}{k}.") if isinstance(v, dict) else v
+                          for k, v in values.items()})
+        self.rule, self.prefix = rule, prefix
+
+    def __missing__(self, key: str):
+        raise KeyError(f"rule '{self.rule}' reads config key '{self.prefix}{key}', which its settings lack "
+                       "(RULE_KEYS in pipeline_src/plan/step_settings.py)")
+
+
 @dataclass
 class StepArgs:
     input: Paths = field(default_factory=Paths)
@@ -64,7 +80,7 @@ class StepArgs:
     log: Paths = field(default_factory=Paths)
     threads: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)  # rules not yet converted only (else NoConfig)
+    config: dict[str, Any] = field(default_factory=dict)  # rules without settings only (else NoConfig)
     rule: str = ""  # the Snakemake rule (recorded with the job's counters)
     runtime: dict[str, Any] = field(default_factory=dict)  # plan/step_settings.RUN_ONLY: how to run, no rerun
 
@@ -79,7 +95,9 @@ class StepArgs:
     def job_config(self) -> dict[str, Any]:
         """The config as this job may read it: its settings with the run-only values at their keys
         (`plan/step_settings.job_config`) for a converted rule, the whole config for the others."""
-        return job_config(self.settings, self.runtime) if converted(self.rule) else self.config
+        if not converted(self.rule):
+            return self.config
+        return JobConfig(job_config(self.settings, self.runtime), self.rule)
 
 
 def _paths(named_list) -> Paths:

@@ -12,7 +12,7 @@ import json
 import pyarrow.parquet as pq
 
 from pipeline_src.methods.weight_distance import state_distance
-from pipeline_src.plan.ablations import ablation_points, point_variant
+from pipeline_src.plan.ablations import point_variant
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
@@ -26,11 +26,7 @@ def main(args: StepArgs) -> None:
     seed, label = int(w["seed"]), w["variant"]
     set_up_job(args.threads, seed)
     ctx = load_context(args)
-    points = ablation_points(ctx.cfg)
-    if label not in points:
-        raise ValueError(f"ablation: variant '{label}' is not a point of config key 'studies.ablations' "
-                         f"({sorted(points)})")
-    point = points[label]
+    point = args.params["point"]  # this variant's point of `plan.ablations.ablation_points` (the rule's param)
     method_cfg = {**ctx.method_cfg, **point["overrides"]}
     ctx = dataclasses.replace(ctx, cfg={**ctx.cfg, "methods": {**ctx.cfg["methods"], ctx.method: method_cfg}})
     ids = shard_ids(pq.read_table(args.input.manifest), 0)

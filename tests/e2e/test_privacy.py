@@ -24,7 +24,7 @@ from pipeline_src.steps.features import load_rows
 from pipeline_src.store.audit import audit_model
 from pipeline_src.store.private_provenance import load_members
 from pipeline_src.store.results_db import connect
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, planned_outputs, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -34,19 +34,26 @@ PAPER = {"methods": ["taft-1"], "regimes": ["fc"], "epochs": 3}  # the paper pro
 
 
 
-def write_config(workdir: Path, **privacy) -> None:
+def study_config(**privacy) -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg.pop("fusion", None), cfg.pop("forget", None)  # only the privacy study here
     cfg["methods"]["last"] = {"kind": "last", "rank": 8, "heads": 2}
     cfg["privacy"] = {"enabled": True, "epochs": 2, "batch_size": 64, "public_train_size": PUBLIC_SIZE, **privacy}
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return cfg
+
+
+def write_config(workdir: Path, **privacy) -> None:
+    (workdir / "config.yaml").write_text(yaml.safe_dump(study_config(**privacy)))
+
+
+FIRST = dict(methods=METHODS, regimes=REGIMES, epsilons=EPSILONS, shards=[1], paper=PAPER)  # the study's first run
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tiny_study) -> Path:
     """N = 1 for every method, regime and ε; then taft at N = 2 in one regime and ε."""
     workdir = copy_study(tiny_study, tmp_path_factory.mktemp("privacy"))
-    write_config(workdir, methods=METHODS, regimes=REGIMES, epsilons=EPSILONS, shards=[1], paper=PAPER)
+    write_config(workdir, **FIRST)
     snakemake(workdir, "--cores", "2", "privacy")
     write_config(workdir, methods=["taft-1"], regimes=["fc"], epsilons=[8], shards=[2])
     snakemake(workdir, "--cores", "2", "privacy")
@@ -147,6 +154,27 @@ def test_dp_taft_shards_compose_to_their_ensemble(study):
 def test_nothing_to_do_after_the_run(study):
     proc = snakemake(study, "-n", "--cores", "2", "privacy")
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("change, planned", [
+    ({"train": {"lr": 0.5}}, set()),  # the train: block: DP jobs train with privacy: settings
+    ({"privacy": {**FIRST, "epsilons": [*EPSILONS, 4]}}, {f"{p}/{m}/{r}/eps4" for p, m, r in (
+        *(("ours", m, r) for m in METHODS for r in REGIMES), ("paper", "taft-1", "fc"))}),  # new ε: new jobs only
+    ({"privacy": {**FIRST, "delta": 1e-6}}, {f"{p}/{m}/{r}/eps{e}" for e in EPSILONS for p, m, r in (
+        *(("ours", m, r) for m in METHODS for r in REGIMES), ("paper", "taft-1", "fc"))}),
+    ({"privacy": {**FIRST, "jvp_only": True}}, {f"ours/taft-1/{r}/eps{e}" for r in REGIMES for e in EPSILONS}),
+], ids=["train.lr", "privacy.epsilons", "privacy.delta", "privacy.jvp_only"])
+def test_a_changed_setting_reruns_the_dp_jobs_that_read_it_only(study, tmp_path, change, planned):
+    """train_private's settings (plan/step_settings.py): privacy.delta reruns every DP job,
+    privacy.jvp_only the taft jobs of protocol ours only (the paper's always predict from J·Δw)."""
+    cfg = study_config(**FIRST)
+    for key, value in change.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    outputs = planned_outputs(snakemake(study, "-n", "--cores", "2", "privacy", "--configfile",
+                                        str(tmp_path / "config.yaml")))
+    trained = {"/".join(o.split("/")[2:6]) for o in outputs if o.startswith("results/private/") and "/shard" in o}
+    assert trained == planned
 
 
 def _all_member_ids(study: Path) -> set[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from pipeline_src.plan.config import validate_config
 from pipeline_src.plan.job_settings import train_settings
+from pipeline_src.plan.privacy import DP_SETTINGS
 from pipeline_src.plan.step_settings import (
     RULE_KEYS,
     SettingsError,
@@ -42,6 +44,11 @@ def changed(cfg: dict, path: str, value) -> dict:
 
 FUSE = {"method": "nlft-1", "shards": "2", "seed": "0", "init": "random_reinit", "matching": "none"}
 TRAIN = {"method": "nlft-1", "shards": "2", "seed": "0", "shard": "1"}
+STUDY_NLFT = {"method": "nlft-1", "shards": "3", "seed": "0"}
+STUDY_TAFT = {**STUDY_NLFT, "method": "taft-1"}
+REQUEST = {"fraction": "0.3", "request": "0"}
+ABLATION = {"method": "taft-1", "variant": "fig2_loss-rsl_pt-T_cls-F", "seed": "0"}
+PRIVATE = {"protocol": "ours", "method": "taft-1", "regime": "fc", "eps": "1", "shards": "2", "seed": "0", "shard": "0"}
 
 # (rule, wildcards, a key the rule does not read, a key it reads, that key's new value)
 CASES = [
@@ -59,6 +66,21 @@ CASES = [
     ("train_vectorized_taft-1-vec_n2", {"seed": "0", "method": "taft-1-vec"}, "compose_weights", "seed", 3),
     ("fusion_train", TRAIN, "device", "train.batch_size", 3),
     ("report", {}, "train.num_workers", "methods", {"fc": {"kind": "fc"}}),
+    ("unlearn_drop", STUDY_NLFT, "train.lr", "compose_weights", "size"),  # sisa-drop weighs the shards
+    ("unlearn_drop", STUDY_TAFT, "compose_weights", "methods.taft-1", {"kind": "taft", "k": 2}),  # subtract: not
+    ("unlearn_retrain", {**STUDY_TAFT, **REQUEST}, "fusion.blocks", "compose_weights", "size"),
+    ("unlearn_retrain", {**STUDY_TAFT, **REQUEST}, "methods.nlft-1", "train.lr", 0.5),
+    ("unlearn_paragon", {**STUDY_TAFT, **REQUEST}, "compose_weights", "train.epochs", 3),
+    # taft-1's non-linear paragon is the config's nlft-1: its settings, not fc's
+    ("unlearn_paragon_nonlinear", {**STUDY_TAFT, **REQUEST}, "compose_weights", "methods.nlft-1",
+     {"kind": "nlft", "k": 1, "lr": 0.5}),
+    ("ablation", ABLATION, "compose_weights", "train.batch_size", 3),
+    ("train_private", PRIVATE, "train.lr", "privacy.delta", 1e-6),  # a DP job trains with `privacy:`
+    ("train_private", PRIVATE, "privacy.paper", "privacy.jvp_only", True),  # ours: jvp_only applies to taft
+    ("train_private", {**PRIVATE, "method": "fc"}, "privacy.jvp_only", "privacy.train_head", False),
+    ("train_private", {**PRIVATE, "protocol": "paper"}, "privacy.jvp_only", "privacy.paper",
+     {"epochs": 7, "lr": None, "methods": [], "regimes": []}),
+    ("train_private", PRIVATE, "privacy.epsilons", "privacy.public_train_size", 500),  # ε: the epsilon param
 ]
 
 
@@ -89,9 +111,9 @@ def test_the_job_config_gives_load_job_the_configs_train_block(cfg):
 
 
 def test_unknown_rules_and_missing_keys_are_named(cfg):
-    assert not converted("unlearn_drop") and converted("train_vectorized_taft-1-vec_n2")
-    with pytest.raises(SettingsError, match="rule 'unlearn_drop' has no settings"):
-        settings_for("unlearn_drop", cfg)
+    assert not converted("no_such_rule") and converted("train_vectorized_taft-1-vec_n2")
+    with pytest.raises(SettingsError, match="rule 'no_such_rule' has no settings"):
+        settings_for("no_such_rule", cfg)
     with pytest.raises(SettingsError, match=r"rule 'train' reads config key 'methods.nope'"):
         settings_for("train", cfg, {**TRAIN, "method": "nope"})
     bare = {k: v for k, v in cfg.items() if k != "compose_weights"}
@@ -100,9 +122,66 @@ def test_unknown_rules_and_missing_keys_are_named(cfg):
 
 
 def test_every_converted_rule_has_settings_for_the_tiny_study(cfg):
-    wild = {**FUSE, **TRAIN, "fusion": "fisher", "cache": "last1"}
+    wild = {**FUSE, **TRAIN, **REQUEST, **PRIVATE, "method": "taft-1", "fusion": "fisher", "cache": "last1",
+            "variant": ABLATION["variant"]}
     for rule in RULE_KEYS:
         assert isinstance(settings_for(rule, cfg, wild), dict)
+
+
+def test_every_rule_with_a_step_is_converted_and_passes_its_settings():
+    """No step reads the whole config: each rule that runs one is in RULE_KEYS and its `params:`
+    carry `settings=` (the rerun trigger holds what the step reads)."""
+    from tests.test_steps import rules_with_scripts
+
+    rules = rules_with_scripts()
+    assert {"train_private", "unlearn_drop", "unlearn_paragon_nonlinear", "ablation"} <= set(rules)
+    assert [r for r in rules if not converted(r)] == []
+    text = "\n".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk")))
+    blocks = [b for b in re.split(r"\n(?=\s*rule\b)", text) if re.search(r'script:\s*\n\s*"../scripts/step.py"', b)]
+    assert len(blocks) == len(rules)
+    for block in blocks:
+        assert re.search(r"params:(.|\n)*\bsettings=", block), block.strip().splitlines()[0]
+    steps = REPO / "pipeline_src" / "steps"
+    assert [str(p) for p in steps.rglob("*.py") if "args.config" in p.read_text()] == []
+
+
+def test_the_nonlinear_paragons_settings_hold_the_method_it_trains(cfg):
+    s = settings_for("unlearn_paragon_nonlinear", cfg, {**STUDY_TAFT, **REQUEST})
+    assert s["methods"] == {m: cfg["methods"][m] for m in ("nlft-1", "taft-1")}  # the studied one, its paragon
+    alone = {**cfg, "methods": {"taft-1": cfg["methods"]["taft-1"]}}  # no nlft-1: the counterpart is derived
+    assert settings_for("unlearn_paragon_nonlinear", alone, {**STUDY_TAFT, **REQUEST})["methods"] == alone["methods"]
+
+
+def test_a_dp_jobs_settings_hold_public_privacy_settings_only(cfg):
+    """train_private's params (kept in .snakemake/metadata) carry no member, no count of the data
+    and nothing of `forget:` or `dataset:`: the DP settings, the declared public size, the method."""
+    s = settings_for("train_private", changed(cfg, "forget.requests", "requests.csv"), PRIVATE)
+    assert set(s) == {"experiment", "seed", "methods", "privacy"}
+    assert s["methods"] == {"taft-1": cfg["methods"]["taft-1"]}
+    assert set(s["privacy"]) == {*DP_SETTINGS, "public_train_size", "jvp_only"}
+    paper = settings_for("train_private", cfg, {**PRIVATE, "protocol": "paper"})
+    assert set(paper["privacy"]) == {*DP_SETTINGS, "public_train_size", "paper"}  # jvp_only: always, in paper
+    assert paper["privacy"]["paper"] == {"epochs": cfg["privacy"]["paper"]["epochs"], "lr": cfg["privacy"]["paper"]["lr"]}
+    assert "jvp_only" not in settings_for("train_private", cfg, {**PRIVATE, "method": "fc"})["privacy"]
+
+
+def test_a_key_missing_from_the_settings_is_named_with_the_rule(cfg):
+    """A converted step reads its job config (`StepArgs.job_config`); a key its settings lack raises
+    at once, naming the rule and the key, at any depth (a step may not fall back on a default)."""
+    from pipeline_src.runner.step_args import StepArgs
+
+    args = StepArgs(params={"settings": settings_for("unlearn_paragon", cfg, STUDY_TAFT)}, wildcards=STUDY_TAFT,
+                    rule="unlearn_paragon", config=NoConfig("unlearn_paragon"), runtime=run_only_settings(cfg))
+    job = args.job_config()
+    assert job["train"]["lr"] == cfg["train"]["lr"] and job["device"] == cfg["device"]
+    with pytest.raises(KeyError, match=r"rule 'unlearn_paragon' reads config key 'compose_weights'"):
+        job["compose_weights"]
+    with pytest.raises(KeyError, match=r"rule 'unlearn_paragon' reads config key 'methods.nlft-1'"):
+        job["methods"]["nlft-1"]
+    again = pickle.loads(pickle.dumps(job))  # the fork server pickles what a step holds
+    assert again == job
+    with pytest.raises(KeyError, match=r"'unlearn_paragon' reads config key 'privacy.delta'"):
+        again["privacy"]["delta"]
 
 
 @pytest.mark.parametrize("read", [
@@ -126,4 +205,4 @@ def test_the_runner_hands_converted_rules_their_settings_only(cfg):
                             "private_workspace": cfg["privacy"]["enabled"]}
     again = pickle.loads(pickle.dumps(args))  # the fork server pickles it
     assert isinstance(again.config, NoConfig) and again.config.rule == "compose"
-    assert from_snakemake(smk("unlearn_drop")).config == cfg  # not converted yet: the whole config
+    assert from_snakemake(smk("no_such_rule")).config == cfg  # a rule without settings: the whole config

@@ -33,6 +33,7 @@ rule ablation:
         mem_mb=mem_per_attempt(RES["train_mem_mb"]),
         gpu=RES["gpu"],
     params:
-        overrides=lambda w: ABLATION_POINTS[w.variant]["overrides"],
+        point=lambda w: ABLATION_POINTS[w.variant],
+        settings=step_settings("ablation"),
     script:
         "../scripts/step.py"

@@ -54,6 +54,7 @@ rule unlearn_drop:
     params:
         removed_shards=STUDY["removed_shards"],
         requests=STUDY["requests_per_point"],
+        settings=step_settings("unlearn_drop"),
     script:
         "../scripts/step.py"
 
@@ -79,6 +80,7 @@ rule unlearn_retrain:
         gpu=RES["gpu"],
     params:
         signature=training_signature,
+        settings=step_settings("unlearn_retrain"),
     script:
         "../scripts/step.py"
 
@@ -105,6 +107,7 @@ rule unlearn_paragon:
         gpu=RES["gpu"],
     params:
         signature=training_signature,
+        settings=step_settings("unlearn_paragon"),
     script:
         "../scripts/step.py"
 
@@ -132,6 +135,7 @@ rule unlearn_paragon_nonlinear:
     params:
         signature=nonlinear_paragon_signature,
         nonlinear=True,
+        settings=step_settings("unlearn_paragon_nonlinear"),
     script:
         "../scripts/step.py"
 

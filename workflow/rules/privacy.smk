@@ -4,7 +4,7 @@
 # full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS
 # (common.smk) when privacy.enabled, so `report` (and `all`) build them; `snakemake privacy` builds
 # them alone. The input, params and signature functions are in common.smk.
-from pipeline_src.plan.privacy import PROTOCOLS, private_evaluation_targets
+from pipeline_src.plan.privacy import PROTOCOLS, private_evaluation_targets, target_epsilon
 
 
 wildcard_constraints:
@@ -42,6 +42,8 @@ rule train_private:
         gpu=RES["gpu"],
     params:
         signature=private_signature,
+        epsilon=lambda w: target_epsilon(config, w.eps),
+        settings=step_settings("train_private"),
     script:
         "../scripts/step.py"
 

@@ -37,7 +37,7 @@ class StudyContext:
     """One method of one study job: config, backbone, samples and (optionally) cached features.
 
     Args:
-        cfg: the validated config.
+        cfg: the config as the job may read it (`StepArgs.job_config`: its settings).
         method: the method's name in `methods:`.
         backbone, backbone_record: `backbone.load_backbone` of the pretrained backbone.
         store: the prepared samples.
@@ -71,8 +71,12 @@ class StudyContext:
 
 
 def load_context(args: StepArgs) -> StudyContext:
-    """The context of a study step whose inputs name `samples`, `backbone` and maybe `features`."""
-    cfg = args.config
+    """The context of a study step whose inputs name `samples`, `backbone` and maybe `features`.
+
+    Its `cfg` is the job's settings and run-only values (`StepArgs.job_config`; the rule's
+    `RULE_KEYS` entry in plan/step_settings.py lists what the study steps read), not the config.
+    """
+    cfg = args.job_config()
     backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
     feats = FeatureCache(args.input.features) if "features" in args.input._names else None
     return StudyContext(cfg, args.wildcards["method"], backbone, backbone_record, SampleStore(args.input.samples),

@@ -18,7 +18,13 @@ from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.private import per_example_loss, select_trainable
-from pipeline_src.plan.privacy import dp_method_config, dp_settings, epsilon_label, public_shard_size
+from pipeline_src.plan.privacy import (
+    dp_method_config,
+    dp_settings,
+    epsilon_label,
+    jvp_only_applies,
+    public_shard_size,
+)
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import load_job
 from pipeline_src.store.model_io import save_model
@@ -27,22 +33,17 @@ from pipeline_src.vit.digest import state_digest
 from pipeline_src.vit.parts import FromPrefix
 
 
-def target_epsilon(cfg: dict, label: str) -> float:
-    """The configured ε whose path label is `label` (a wildcard naming no configured ε is refused)."""
-    for eps in cfg["privacy"]["epsilons"]:
-        if epsilon_label(eps) == label:
-            return float(eps)
-    raise ValueError(f"epsilon wildcard 'eps{label}' matches none of config key 'privacy.epsilons' "
-                     f"{cfg['privacy']['epsilons']}")
-
-
 def main(args: StepArgs) -> None:
-    cfg, w = args.config, args.wildcards
-    name, regime = w["method"], w["regime"]
+    cfg, w = args.job_config(), args.wildcards  # public settings only (plan/step_settings.py: train_private)
+    name, regime, protocol = w["method"], w["regime"], w["protocol"]
     shards, shard, seed = int(w["shards"]), int(w["shard"]), int(w["seed"])
-    epsilon = target_epsilon(cfg, w["eps"])
-    settings = dp_settings(cfg, w["protocol"])
-    method_cfg = dp_method_config(cfg["methods"][name], w["protocol"], cfg["privacy"]["jvp_only"])
+    epsilon = float(args.params["epsilon"])  # the configured ε of the `eps` wildcard (plan.privacy.target_epsilon)
+    if epsilon_label(epsilon) != w["eps"]:
+        raise ValueError(f"train_private: param epsilon {epsilon:g} is not the job's wildcard 'eps{w['eps']}'")
+    settings = dp_settings(cfg, protocol)
+    method = cfg["methods"][name]
+    method_cfg = dp_method_config(method, protocol,
+                                  cfg["privacy"]["jvp_only"] if jvp_only_applies(method, protocol) else None)
     # the manifest names this DP model's members: owner-only, even when a non-DP study wrote it
     # first (chmod keeps its mtime, so nothing downstream reruns)
     os.chmod(args.input.manifest, 0o600)
@@ -54,7 +55,7 @@ def main(args: StepArgs) -> None:
     ids, features, labels = job.shard_data(model, shard)
     method_flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trained = select_trainable(model, method_cfg["kind"], regime, cfg["privacy"]["train_head"])
-    desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard} ({w['protocol']} protocol)"
+    desc = f"{name} {regime} eps {epsilon:g} n{shards} shard {shard} ({protocol} protocol)"
     full_batch = settings.get("full_batch", False)
     public_size = public_shard_size(cfg, shards)  # what the plan may reveal; len(ids) stays private
     steps_per_epoch = 1 if full_batch else -(-public_size // settings["batch_size"])
