@@ -19,6 +19,7 @@ import itertools
 import multiprocessing as mp
 import random
 import signal
+import time
 from collections import deque
 from typing import Callable, Iterator, Sequence
 
@@ -125,6 +126,7 @@ class AugmentedInputs:
         self._pool = None
         self._plan = self._predicted(order_seed, batch_size) if workers and order_seed is not None and batch_size else None
         self._pending: deque = deque()  # (epoch, positions, AsyncResult), in predicted order
+        self._running: list = []  # every submitted AsyncResult not known to be done (close waits)
         self.prefetch, self.prefetched = prefetch, 0
 
     def __len__(self) -> int:
@@ -148,7 +150,9 @@ class AugmentedInputs:
     def _submit(self, positions: Sequence[int], epoch: int):
         if self._pool is None:
             self._pool = _pool_context().Pool(self.workers, _init_worker, (self.transform,))
-        return self._pool.map_async(_augment_in_worker, self._items(positions, epoch))
+        self._running = [r for r in self._running if not r.ready()]
+        self._running.append(self._pool.map_async(_augment_in_worker, self._items(positions, epoch)))
+        return self._running[-1]
 
     def images(self, positions: Sequence[int], epoch: int) -> torch.Tensor:
         """Augmented, normalised float images (B, C, H, W) of these positions in this epoch (CPU)."""
@@ -175,7 +179,22 @@ class AugmentedInputs:
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
             return self.prefix(x).float()
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool = None
+    def close(self, wait_s: float = 120.0) -> None:
+        """Stop the pool once its submitted batches (a few prefetched ones at most) are done.
+
+        Terminating busy workers can kill one that holds the result queue's lock, and then
+        `Pool.terminate` waits for ever (it hung CI); idle workers leave on the pool's sentinels.
+        Only when a batch is still not done after `wait_s` (a worker died) is the pool terminated.
+        """
+        if self._pool is None:
+            return
+        pool, self._pool, self._pending = self._pool, None, deque()
+        deadline = time.monotonic() + wait_s
+        for result in self._running:
+            result.wait(max(0.0, deadline - time.monotonic()))
+        if all(r.ready() for r in self._running):
+            pool.close()
+            pool.join()
+        else:
+            pool.terminate()
+        self._running = []

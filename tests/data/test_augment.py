@@ -109,9 +109,11 @@ def test_prefetching_changes_the_speed_never_the_values(store, order_seed, hits)
 
 
 def test_close_stops_the_pool_whatever_sigterm_handler_the_process_inherited(image_folder, tmp_path):
-    """A process whose SIGTERM handler does not exit (here a no-op; in the suite, a client's
-    forwarding handler left behind) forks pool workers with that handler: `Pool.terminate` then
-    never ended them and `close()` hung (a CI run stalled on it). Run apart, with a time limit."""
+    """`close()` returns while prefetched batches are still being augmented, whatever SIGTERM
+    handler the process has (here a no-op; in the suite, a client's forwarding handler left
+    behind). Two CI runs hung there: forked workers inherited the handler and outlived
+    `Pool.terminate`, and a worker terminated mid-task died holding the result queue's lock.
+    Run apart, with a time limit."""
     import subprocess
     import sys
 
@@ -125,7 +127,7 @@ from pipeline_src.data.sample_store import SampleStore
 signal.signal(signal.SIGTERM, lambda signum, frame: None)
 store = SampleStore({str(samples)!r})
 ids = store.ids("target", "train")
-for _ in range(10):  # the old code hung within 10 rounds here, mostly in the first few
+for _ in range(20):  # the old code hung within 10 rounds here, mostly in the first few
     x = AugmentedInputs(store, ids, train_transform({AUG!r}, 8, 3, {MEAN!r}, {STD!r}), lambda im: im,
                         torch.device("cpu"), 3, workers=2, order_seed=1, batch_size=4)
     x[torch.tensor([0])]  # off the predicted order: prefetched batches may still be pending
