@@ -79,6 +79,7 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
         import torch
 
         from pipeline_src.dp import private_training
+        from pipeline_src.plan.privacy import target_epsilon
         from pipeline_src.steps.privacy import train as private_train
 
         # Replayable coins in this probe only: the peak follows the largest Poisson batch drawn,
@@ -88,6 +89,7 @@ def run_step(step: str, results: Path, root: Path, shards: int) -> None:
 
         private_train.main(step_args(cfg, inputs={**common, "manifest": results / "split" / "manifest.parquet"},
                                      outputs={"model": results / "private" / "model.safetensors"},
+                                     params={"epsilon": target_epsilon(cfg, "8")}, rule="train_private",
                                      wildcards={"method": "last", "regime": "full", "shards": str(shards), "shard": "0",
                                                 "seed": "0", "eps": "8", "protocol": "ours"}))
     else:
