@@ -80,10 +80,7 @@ def _pool_context():
 
 
 def _init_worker(transform) -> None:
-    # Workers die on SIGTERM (a handler that does not exit kept `Pool.terminate` waiting for
-    # ever) and leave Ctrl-C to the parent, which terminates the pool.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the pool
     global _worker_transform
     torch.set_num_threads(1)
     _worker_transform = transform
