@@ -59,7 +59,9 @@ class NoConfig(dict):
 class JobConfig(dict):
     """A converted rule's job config (`StepArgs.job_config`): its settings and run-only values,
     nested as in the config; reading a key that they lack raises at once, naming the rule and the
-    key, so a step cannot read a setting that its params (the rerun trigger) do not hold."""
+    key, so a step cannot read a setting that its params (the rerun trigger) do not hold.
+    `.get(key, default)` stays dict's: it is how a step reads a key that only some of its jobs'
+    settings hold (e.g. `fusion.regmean_alpha`, RegMean's only)."""
 
     def __init__(self, values: dict, rule: str, prefix: str = "") -> None:
         super().__init__({k: JobConfig(v, rule, f"{prefix}{k}.") if isinstance(v, dict) else v
