@@ -111,7 +111,7 @@ def synthetic_config(root: Path, args) -> dict:
         "backbone": {"source": "timm", "timm_name": "vit_tiny_patch16_224", "pretrained": False},
         "methods": {"taft-1": {"kind": "taft", "k": 1}, "nlft-1": {"kind": "nlft", "k": 1},
                     "last": {"kind": "last", "rank": 16, "heads": 4, "every": args.every}},
-        "train": {"epochs": args.epochs, "batch_size": 32, "eval_batch_size": EVAL_BATCH}, "shards": [args.shards],
+        "train": {"epochs": args.epochs, "batch_size": 32, "eval_batch_size": EVAL_BATCH}, "shards": args.shards,
         "seeds": [0],
     }
     _, n_train = counts(cfg)
@@ -119,7 +119,7 @@ def synthetic_config(root: Path, args) -> dict:
         cfg, args.studies, n_train,
         privacy={"methods": ["nlft-1", "taft-1"], "regimes": ["full"], "epsilons": [8], "shards": [1], "epochs": 1,
                  "paper": {"methods": ["taft-1"], "regimes": ["fc"], "epochs": 2}},
-        fusion={"methods": ["nlft-1", "last"], "shards": [args.shards], "inits": ["shared", "random_reinit"],
+        fusion={"methods": ["nlft-1", "last"], "shards": [max(args.shards)], "inits": ["shared", "random_reinit"],
                 "matching": ["none", "rotation-scaling"]})
 
 
@@ -235,7 +235,8 @@ def main() -> None:
     p.add_argument("--limits", default="233,none",
                    help="fashion: comma-separated limit_per_class values (none: the whole dataset)")
     p.add_argument("--studies", default="privacy,fusion", help="besides the shard training: privacy, fusion (or none)")
-    p.add_argument("--shards", type=int, default=10, help="synthetic: N of the shard training and fusion")
+    p.add_argument("--shards", default="10",
+                   help="synthetic: comma-separated N of the shard training (the fusion study takes the largest)")
     p.add_argument("--img-size", type=int, default=224, help="synthetic: image side in pixels")
     p.add_argument("--every", type=int, default=1, help="synthetic: LAST side-block spacing g (the blocks cache keeps 12/g + 1)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: synthetic 1, fashion 2)")
@@ -244,6 +245,7 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/bench_scale", help="datasets and studies go here")
     p.add_argument("--out-dir", default=str(REPO / "results" / "benchmarks"))
     args = p.parse_args()
+    args.shards = [int(n) for n in args.shards.split(",")]
     args.studies = {s for s in args.studies.split(",") if s and s != "none"}
     args.targets = args.targets.split(",")
     args.epochs = args.epochs or (1 if args.mode == "synthetic" else 2)
@@ -262,7 +264,7 @@ def main() -> None:
             make_image_folder(data, n, args.img_size)
             cfg = synthetic_config(data, args)
             save(run_size(f"n{n}", cfg, counts(cfg)[0], {"mode": "synthetic", "img_size": args.img_size,
-                                                         "shards": args.shards, "every": args.every}, args))
+                                                         "shards": ",".join(map(str, args.shards)), "every": args.every}, args))
     else:
         for limit in (None if s.lower() in ("none", "null", "full") else int(s) for s in args.limits.split(",")):
             cfg = fashion_config(limit, args)
