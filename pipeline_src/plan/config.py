@@ -53,14 +53,15 @@ def _with_defaults(validator_class):
 
 
 @functools.lru_cache(maxsize=1)
-def _schema_text_parsed() -> dict:
+def _cached_schema() -> dict:
+    """The schema as parsed once per process: read it, never change it (`load_schema` copies)."""
     # libyaml's loader where PyYAML has it: the pure-Python one spends 0.15 s of every parse here
     return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_schema() -> dict:
-    """The config schema (a fresh copy: validation fills `default:` values into what it is given)."""
-    return copy.deepcopy(_schema_text_parsed())
+    """The config schema, a copy of its own: a caller may change it without changing the next one's."""
+    return copy.deepcopy(_cached_schema())
 
 
 def validate_config(config: dict[str, Any], count_samples: bool = True,
@@ -148,7 +149,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
     elif cfg["dataset"]["class_names"]:
         raise ConfigError("config key 'dataset.class_names': only for dataset.source 'idx' (other sources name "
                           "their classes: digits by their digit, image folders by their folder or label)")
-    kind_keys = load_schema()["properties"]["methods"]["x-kind-keys"]
+    kind_keys = _cached_schema()["properties"]["methods"]["x-kind-keys"]
     shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule"}
     for key, message in schedule_errors(cfg["train"]["schedule"], cfg["train"]["epochs"]):
         raise ConfigError(f"config key '{key}': {message}")
