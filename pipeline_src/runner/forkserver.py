@@ -266,6 +266,9 @@ def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None
                 return JobExit(int(got[1]) or 1, got[2])
             try:
                 sock.sendall(_DONE)
+            except OSError:  # the child exited first: the server sent its peak already and closed
+                pass
+            try:
                 sock.settimeout(60.0)  # the server reaps the child (it is exiting), then sends its peak
                 _, _, peak = _recv(sock)
             except (OSError, ConnectionError, ValueError, TypeError):
