@@ -10,7 +10,8 @@ Parts (each a real `snakemake` run in its own work folder under --workdir):
   tiny     `.test/config.yaml`, the test suite's tiny study, end to end.
   mps      the Fashion-MNIST study's `train` jobs at N = 10 (70 small jobs; a 2-epoch backbone,
            fusion, forgetting and DP off: only the jobs' sharing of one GPU is measured), run
-           twice with --cores jobs at once: as separate CUDA contexts, then under NVIDIA MPS
+           with --cores jobs at once, after a first run that builds their inputs: again as separate
+           CUDA contexts (`train_plain`), then under NVIDIA MPS (`train_mps`)
            (`nvidia-cuda-mps-control -d`; the row says when the driver offers none) (issue 34).
 Writes one row per (part, phase) to <out-dir>/gpu_study.parquet: device, wall time, jobs done,
 utilisation (mean over the phase, and over its active window: first to last sample above 0 %),
@@ -42,7 +43,7 @@ from pipeline_src.store.atomic import write_parquet  # noqa: E402
 STUDIES = {"vitb": "benchmarks/gpu_vitb16.yaml", "fashion": "studies/fashion_mnist.yaml", "tiny": ".test/config.yaml",
            "mps": "studies/fashion_mnist.yaml"}
 PHASES = {"vitb": ["pretrain", "features", "train", None], "fashion": [None], "tiny": [None],
-          "mps": ["pretrain", "train", "train@mps"]}
+          "mps": ["pretrain", "train", "train@plain", "train@mps"]}
 MPS_OVERLAY = """backbone: {pretrain: {epochs: 2}}
 shards: [10]
 fusion: {enabled: false}
@@ -179,8 +180,9 @@ def main() -> None:
             if rule:
                 cmd += ["--until", rule]
             env, mps = None, None
-            if mode == "mps":  # the same jobs again, sharing one context through MPS
+            if mode:  # the same jobs again (the first run also built their inputs): plain, then under MPS
                 cmd += ["--forcerun", rule]
+            if mode == "mps":
                 mps = start_mps()
                 env = MPS_ENV if mps else None
             print(f"=== {part}/{name}: {' '.join(cmd)}", flush=True)
