@@ -89,6 +89,8 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     if errors:
         err = errors[0]
         raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
+    if cfg["features"]["cache"] == "auto":  # the prefix is cheaper to recompute than to read on a GPU (schema)
+        cfg["features"]["cache"] = cfg["device"] != "cuda"
     _check_semantics(cfg, count_samples, cache_dir)
     return cfg
 
