@@ -30,6 +30,9 @@ _DEVICE: dict[str, str] = {}
 # Images of the job's progress lines (`data/throughput.py`): the job's images when no model loop
 # counts them itself (e.g. `features`), with no FLOPs.
 LOGGED: dict[str, int] = {"images": 0}
+# Bytes autograd saved for backward in the job's first training batch, and its size
+# (`job/training_memory.py`; None: not measured).
+ACTIVATIONS: dict[str, int | None] = {"bytes": None, "batch": None}
 
 
 def reset() -> None:
@@ -37,6 +40,7 @@ def reset() -> None:
     PHASES.clear()
     _DEVICE.clear()
     LOGGED["images"] = 0
+    ACTIVATIONS.update(bytes=None, batch=None)
 
 
 def note_logged_images(n: int) -> None:
@@ -74,19 +78,25 @@ def count_flops(fn, *args, **kwargs) -> tuple[object, int]:
 
 
 @contextmanager
-def counting(phase: str, images: int, device: torch.device | str | None = None) -> Iterator[None]:
+def counting(phase: str, images: int, device: torch.device | str | None = None,
+             memory: bool = False) -> Iterator[None]:
     """Count a batch of `images` under `phase`; the phase's first batch also counts its FLOPs.
 
     Args:
         phase: what the model does (`train`: forward, backward and update; `eval`: forward).
         images: images (or feature rows) in the batch.
         device: where the model runs (recorded with the counters).
+        memory: the first batch also measures the activations autograd saves (`job/training_memory.py`;
+            plain autograd loops only: torch.func transforms and Opacus' hooks are left alone).
     """
     p = PHASES.setdefault(phase, Phase())
     if device is not None and "device" not in _DEVICE:
         _DEVICE["device"] = str(device).split(":")[0]
     if p.flops_per_image is None and images > 0:
-        with flop_counter() as counter:
+        from pipeline_src.job.training_memory import measure_first_batch
+
+        # the first training batch also measures the activations it saves (training memory, Table 7)
+        with flop_counter() as counter, measure_first_batch(images if memory else 0):
             yield
         p.flops_per_image = counter.get_total_flops() / images
     else:

@@ -60,9 +60,12 @@ WHERE model = 'fusion-soup' AND json_extract_string(variant, '$.study') = 'fusio
 GROUP BY ALL
 """
 
-# Training memory of the full-data models, from their records (`steps/train.py` `peak_mem_mb`).
+# Training memory of the full-data models, from their records (`steps/train.py`): `train_mem_mb`
+# counts tensors as the LAST paper's Table 7 does (`job/training_memory.py`), `peak_mem_mb` is the
+# job's CUDA max allocated or process max RSS.
 MEMORY_SQL = """
-SELECT method, avg(peak_mem_mb) AS peak_mem_mb, string_agg(DISTINCT device, ', ') AS device
+SELECT method, avg(peak_mem_mb) AS peak_mem_mb, avg({counted}) AS train_mem_mb,
+       string_agg(DISTINCT device, ', ') AS device
 FROM models
 WHERE kind = 'trained' AND shards = 1 AND peak_mem_mb IS NOT NULL
 GROUP BY method
@@ -104,14 +107,15 @@ def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def memory_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, peak_mem_mb (mean over seeds), device(s) of the N = 1 training jobs whose records
-    carry `peak_mem_mb` (records written before it was recorded do not)."""
+    """method, peak_mem_mb and train_mem_mb (means over seeds; train_mem_mb NULL where the records
+    lack it), device(s) of the N = 1 training jobs whose records carry `peak_mem_mb` (records
+    written before it was recorded do not)."""
     if "models" not in _views(con):
         return pd.DataFrame()
     columns = {r[0] for r in con.sql("DESCRIBE models").fetchall()}
     if not {"peak_mem_mb", "shards", "device"} <= columns:
         return pd.DataFrame()
-    return con.sql(MEMORY_SQL).df()
+    return con.sql(MEMORY_SQL.format(counted="train_mem_mb" if "train_mem_mb" in columns else "NULL")).df()
 
 
 def recorded_methods(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:

@@ -111,7 +111,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
             h = features[idx].to(device=device, dtype=dtype)
             y = labels[idx].to(device)
             apply_schedule(opt, lr, schedule, steps, -(-n // batch_size), epochs * -(-n // batch_size))
-            with counting("train", len(idx), device):
+            with counting("train", len(idx), device, memory=True):
                 total += tangent_step(model, opt, h, y, loss_fn, weight_decay_l2, radius) * len(idx)
             steps += 1
         history.append(total / n)
