@@ -1,0 +1,94 @@
+"""The documentation's shape (issue 35): a short README, one page per topic, and every shell or SQL
+block marked as run by the tests or as needing something they lack.
+
+A fenced block's info string is its language and one marker:
+
+    ```bash runnable      run by tests/e2e/test_docs_blocks.py on the tiny study, as written
+    ```bash long          a real study or benchmark: minutes to hours
+    ```bash gpu           needs a CUDA GPU
+    ```bash cluster       needs a Slurm cluster
+    ```bash root          installs system packages (apt, as root)
+    ```bash network       downloads (pretrained weights, packages)
+
+A block without a language (program output, an error message) is not a command.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import REPO
+
+COMMAND_LANGUAGES = {"bash", "sh", "shell", "console", "sql"}
+MARKERS = {"runnable", "long", "gpu", "cluster", "root", "network"}
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+README_MAX_LINES = 250
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the repository
+    line: int
+    language: str
+    markers: tuple[str, ...]
+    text: str
+
+
+def doc_pages() -> list[Path]:
+    """README.md, CHANGELOG.md and every page under docs/."""
+    return [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def blocks(path: Path) -> list[Block]:
+    """Every fenced block of a Markdown file with a language, in order."""
+    text = path.read_text()
+    out = []
+    for m in FENCE.finditer(text):
+        words = m.group(1).split()
+        if words:
+            out.append(Block(str(path.relative_to(REPO)), text.count("\n", 0, m.start()) + 1, words[0],
+                             tuple(words[1:]), m.group(2)))
+    return out
+
+
+def command_blocks() -> list[Block]:
+    """The shell and SQL blocks of every page."""
+    return [b for page in doc_pages() for b in blocks(page) if b.language in COMMAND_LANGUAGES]
+
+
+def test_every_command_block_says_whether_the_tests_run_it():
+    bad = [f"{b.page}:{b.line} ```{b.language} {' '.join(b.markers)}" for b in command_blocks()
+           if len(b.markers) != 1 or b.markers[0] not in MARKERS]
+    assert bad == [], f"give each block one marker of {sorted(MARKERS)}: " + "; ".join(bad)
+
+
+def test_the_parser_sees_markers_and_skips_plain_blocks(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text("x\n```bash runnable\necho hi\n```\n\n```\nplain output\n```\n```sql\nSELECT 1\n```\n")
+    monkeypatch.setattr("tests.test_docs.REPO", tmp_path)
+    found = blocks(page)
+    assert [(b.line, b.language, b.markers, b.text) for b in found] == [
+        (2, "bash", ("runnable",), "echo hi\n"), (9, "sql", (), "SELECT 1\n")]
+
+
+def test_readme_is_short_and_in_the_issues_order():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES
+    headings = [h.lower() for h in re.findall(r"^## (.+)$", text, re.M)]
+    order = ["two commands", "own data", "cluster", "quer", "claims", "read more"]
+    positions = [next((i for i, h in enumerate(headings) if word in h), None) for word in order]
+    assert None not in positions and positions == sorted(positions), headings
+    assert "docs/img/rulegraph.svg" in text and (REPO / "docs" / "img" / "rulegraph.svg").exists()
+
+
+def test_every_local_link_resolves():
+    """A link to a page or file of the repository names one that exists (anchors not checked)."""
+    bad = []
+    for page in doc_pages():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if "://" in target or target.startswith("#"):
+                continue
+            if not (page.parent / target.split("#", 1)[0]).exists():
+                bad.append(f"{page.relative_to(REPO)}: {target}")
+    assert bad == []
