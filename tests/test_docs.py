@@ -22,7 +22,7 @@ from tests.conftest import REPO
 
 COMMAND_LANGUAGES = {"bash", "sh", "shell", "console", "sql"}
 MARKERS = {"runnable", "long", "gpu", "cluster", "root", "network"}
-FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+FENCE = re.compile(r"^[ \t]*```([^\n`]*)\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
 README_MAX_LINES = 250
 
 
@@ -92,3 +92,24 @@ def test_every_local_link_resolves():
             if not (page.parent / target.split("#", 1)[0]).exists():
                 bad.append(f"{page.relative_to(REPO)}: {target}")
     assert bad == []
+
+
+def test_the_readme_study_file_is_a_valid_config(tmp_path):
+    """The README's own-data config validates as written, on a small ImageFolder of that layout
+    (its path swapped for it; the timm name is checked, no weights are downloaded)."""
+    import yaml
+    from PIL import Image
+
+    from pipeline_src.plan.config import validate_config
+
+    readme = REPO / "README.md"
+    (block,) = [b for b in blocks(readme) if b.language == "yaml" and "experiment: my-study" in b.text]
+    cfg = yaml.safe_load(block.text)
+    for label in ("cat", "dog", "fox"):
+        (tmp_path / label).mkdir()
+        for i in range(20):
+            Image.new("RGB", (32, 32), (i * 12, 40, 90)).save(tmp_path / label / f"{i:02d}.png")
+    assert cfg["dataset"]["path"] == "/data/my_images"
+    cfg["dataset"]["path"] = str(tmp_path)
+    full = validate_config(cfg)
+    assert full["backbone"]["pretrained"] and full["shards"] == [1, 4] and len(full["methods"]) == 4
