@@ -1,10 +1,10 @@
 # Two commands do all the set-up:
 #   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
-# and one for the real-data study (README "The Fashion-MNIST study"):
+# and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
 #                        then run studies/fashion_mnist.yaml
-# and three for the pinned environment (README "Pinned environment"):
+# and three for the pinned environment (docs/environment.md):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
 #   make conda-env      rewrite workflow/envs/pipeline.yaml (the rules' conda env) from the lock (lock does it too)

@@ -26,10 +26,12 @@ SKIP = {".git", ".venv", "results", ".snakemake", ".pytest_cache", "__pycache__"
 
 
 def runnable() -> list[Block]:
+    """The runnable blocks, each command text once (comments and spacing aside)."""
     seen, out = set(), []
     for b in command_blocks():
-        if b.markers == ("runnable",) and (b.language, b.text) not in seen:
-            seen.add((b.language, b.text))
+        key = (b.language, tuple(line.split(" #")[0].strip() for line in b.text.splitlines()))
+        if b.markers == ("runnable",) and key not in seen:
+            seen.add(key)
             out.append(b)
     return out
 
