@@ -82,16 +82,61 @@ def test_readme_is_short_and_in_the_issues_order():
     assert "docs/img/rulegraph.svg" in text and (REPO / "docs" / "img" / "rulegraph.svg").exists()
 
 
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub gives a Markdown page (lower case, punctuation dropped, spaces to -)."""
+    text = FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
 def test_every_local_link_resolves():
-    """A link to a page or file of the repository names one that exists (anchors not checked)."""
+    """A link to a page or file of the repository names one that exists, and its #anchor a heading."""
     bad = []
     for page in doc_pages():
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
-            if "://" in target or target.startswith("#"):
+            if "://" in target:
                 continue
-            if not (page.parent / target.split("#", 1)[0]).exists():
+            file, _, anchor = target.partition("#")
+            dest = page.parent / file if file else page
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
                 bad.append(f"{page.relative_to(REPO)}: {target}")
     assert bad == []
+
+
+def test_anchors_follow_github():
+    page_text = "# Top\n## Where a study's time goes\n## On a GPU (NVIDIA H200, 2026-11-26)\n## `last_grid`\n"
+    assert anchors_of(page_text) == {"top", "where-a-studys-time-goes", "on-a-gpu-nvidia-h200-2026-11-26", "last_grid"}
+
+
+def anchors_of(text: str) -> set[str]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".md") as f:
+        f.write(text)
+        f.flush()
+        return anchors(Path(f.name))
+
+
+def test_config_fragments_in_the_docs_are_valid():
+    """A YAML block made of config keys (and no dataset of its own), laid over the default study,
+    validates: the docs show no key or value the schema refuses."""
+    import yaml
+
+    from pipeline_src.plan.config import load_schema, validate_config
+
+    top = set(load_schema()["properties"])
+    default = yaml.safe_load((REPO / "config.yaml").read_text())
+    checked = 0
+    for page in doc_pages():
+        for b in blocks(page):
+            fragment = yaml.safe_load(b.text) if b.language == "yaml" else None
+            if not isinstance(fragment, dict) or not set(fragment) <= top or "dataset" in fragment:
+                continue
+            try:
+                validate_config({**default, **fragment}, count_samples=False)
+            except Exception as e:  # noqa: BLE001 (any refusal is the finding)
+                raise AssertionError(f"{b.page}:{b.line}: {e}") from None
+            checked += 1
+    assert checked >= 4  # methods, fusion, privacy, LAST grid, forget
 
 
 def test_the_readme_study_file_is_a_valid_config(tmp_path):
