@@ -70,7 +70,7 @@ def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
                           cwd=workdir)
 
 
-def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
+def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study):
     sockets = tmp_path / "sockets"  # a fork server of this test's own
     sockets.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
