@@ -1,14 +1,16 @@
 # Two commands do all the set-up:
 #   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
-# and one for the real-data study (README "The Fashion-MNIST study"):
+# and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
 #                        then run studies/fashion_mnist.yaml
-# and three for the pinned environment (README "Pinned environment"):
+# and three for the pinned environment (docs/environment.md):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
 #   make conda-env      rewrite workflow/envs/pipeline.yaml (the rules' conda env) from the lock (lock does it too)
 #   make golden  rerun the tiny study on the CPU and rewrite tests/golden/tiny_accuracy.csv
+# and one for the docs (docs/architecture.md, "Tests"):
+#   make docs    regenerate docs/configuration.md from workflow/schemas/config.schema.yaml
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
@@ -23,7 +25,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study study-fashion test install check-lock lock lock-upgrade conda-env golden clean-results
+.PHONY: study study-fashion test install check-lock lock lock-upgrade conda-env golden docs clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +77,9 @@ conda-env:
 
 golden: install
 	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/e2e/test_golden.py
+
+docs: install
+	$(BIN)/python -m pipeline_src.plan.config_docs
 
 clean-results:
 	rm -rf results/* .snakemake

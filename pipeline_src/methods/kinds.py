@@ -1,7 +1,7 @@
 """Facts about each method kind, without importing torch: the one place that branches on a
 method's `kind` for the DAG, the studies and the steps (`kind ==` appears only in methods/).
 
-Kinds (README "Methods in the DAG"): `fc` (the head; linear probing), `nlft` (last k blocks;
+Kinds (docs/methods.md): `fc` (the head; linear probing), `nlft` (last k blocks;
 the non-linear baseline of TAFT), `full`, `taft` (a tangent model of the last k blocks; Liu,
 Soatto et al., ICLR 2024) and `last` (a low-rank attention side network; Tang et al. 2024).
 """

@@ -10,7 +10,7 @@ table, the image store and every id list agree, and prepare writes the dropped f
 `results/prepare/corrupt.csv` (shard members are computed from the listing when the DAG is
 built, so a sample that `prepare` alone dropped would still be in some shard). Verdicts are
 cached per file (path, size, mtime) under the parse cache, so later parses decode only new or
-changed files: the first parse of 30,000 images decodes them all (README, "Real data").
+changed files: the first parse of 30,000 images decodes them all (docs/datasets-and-backbones.md, "Corrupt images").
 """
 from __future__ import annotations
 

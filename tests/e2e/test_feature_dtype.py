@@ -2,7 +2,7 @@
 study (float16 caches, tests/e2e/conftest.py) against a copy of its prepared part run with
 `features.dtype=float32`, which reruns only `features`, the shard jobs and their evaluation. Every method that trains from
 a cache (fc, nlft-1, taft-1, last) at N = 1 and 2 must keep its test accuracy within TOLERANCE
-of the float32 run (measured on the whole tiny study: see README "Real scale").
+of the float32 run (measured on the whole tiny study: see docs/performance.md, "Real scale").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kill a running study and recover with the README's commands (issue 15, item 8); a SIGKILL of the
+"""Kill a running study and recover with the commands of docs/reliability.md (issue 15, item 8); a SIGKILL of the
 Snakemake process alone stops its jobs before they write anything (issue 24, item 1)."""
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def tiny_one_method() -> dict:
 
 
 def recovery_commands() -> list[list[str]]:
-    """The commands of the README's 'When a run is interrupted' section, as written (comments cut)."""
-    section = (REPO / "README.md").read_text().split("## When a run is interrupted", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    """The commands of docs/reliability.md's 'When a run is interrupted' section, as written (comments cut)."""
+    page = (REPO / "docs" / "reliability.md").read_text()
+    section = page.split("## When a run is interrupted", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash[^\n]*\n(.*?)```", section, re.S).group(1)
     return [line.split("#", 1)[0].split()[1:] for line in block.splitlines() if line.startswith(".venv/bin/snakemake")]
 
 
@@ -69,12 +70,12 @@ def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
                           cwd=workdir)
 
 
-def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
+def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study):
     sockets = tmp_path / "sockets"  # a fork server of this test's own
     sockets.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
     clean, killed = tmp_path / "clean", tmp_path / "killed"
-    study = ("--configfile", "my_study.yaml")  # the README's name; no config.yaml (default study) in the folder
+    study = ("--configfile", "my_study.yaml")  # the page's name; no config.yaml (default study) in the folder
     for d in (clean, killed):
         copy_study(tiny_study, d)  # the prepared samples and backbone
         (d / "my_study.yaml").write_text(yaml.safe_dump(tiny_one_method()))

@@ -108,7 +108,7 @@ def test_recorded_epsilon_equals_opacus_accountant(study):
 
 def test_a_dp_studys_private_files_are_owner_only(study):
     """The manifests of the DP shards (written 0644 by the non-DP tiny study first) and the
-    provenance store end 0600, whatever the umask (the release boundary, README "Privacy")."""
+    provenance store end 0600, whatever the umask (the release boundary, docs/privacy.md)."""
     import stat
 
     results = study / "results"
