@@ -151,6 +151,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=330.0, help="seconds per phase before it is stopped")
     p.add_argument("--snakemake-args", default="", help="more snakemake arguments, e.g. '--scheduler greedy'")
     p.add_argument("--smoke", action="store_true", help="CPU and tiny sizes: checks this script, measures nothing")
+    p.add_argument("--mps", action="store_true", help="run every phase under NVIDIA MPS (the mps part's own phases choose)")
     args = p.parse_args()
     parts = args.part or ["vitb", "fashion"]
     workdir = Path(args.workdir).resolve()
@@ -182,7 +183,7 @@ def main() -> None:
             env, mps = None, None
             if mode:  # the same jobs again (the first run also built their inputs): plain, then under MPS
                 cmd += ["--forcerun", rule]
-            if mode == "mps":
+            if mode == "mps" or (args.mps and not mode):
                 mps = start_mps()
                 env = MPS_ENV if mps else None
             print(f"=== {part}/{name}: {' '.join(cmd)}", flush=True)
