@@ -27,6 +27,7 @@ from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
 from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
+from pipeline_src.plan.search import expand_search
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 
@@ -89,6 +90,7 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     if errors:
         err = errors[0]
         raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
+    expand_search(cfg)  # the grid points are methods: the checks below see them too
     _check_semantics(cfg, count_samples, cache_dir)
     return cfg
 
