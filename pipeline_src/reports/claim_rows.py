@@ -11,10 +11,11 @@ import json
 import duckdb
 import pandas as pd
 
-# Full-data models (model `shard`, N = 1) and soups (N > 1) of the main DAG (no study variant).
+# Full-data models (model `shard`, N = 1) and soups (N > 1) of the main DAG (no study variant);
+# where the study searched, the selected grid point's (`metrics_selected`, store/results_db.py).
 ACCURACY_SQL = """
 SELECT method, any_value(kind) AS kind, model, shards, avg(value) AS accuracy, count(DISTINCT seed) AS seeds
-FROM metrics
+FROM metrics_selected
 WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
   AND ((model = 'shard' AND shards = 1) OR model = 'soup')
 GROUP BY method, model, shards

@@ -1,0 +1,50 @@
+"""The validation search's choices, laid out like the TAFT paper's Tables 4-6 (App. A).
+
+`search_selection.{md,csv}`: one row per searched method and shard count N: the selected grid
+point (LR, and PT, CLS for taft), the model compared (the full-data model at N = 1, else the
+soup), its validation accuracy, and its test accuracy, the one test figure of the search (the
+other points' test rows are never shown); then every candidate's validation accuracy. Rows from
+the `selection` view (`steps/select.py`) and, for the selected point's test accuracy, `metrics`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from pipeline_src.reports.files import has_rows, save_table
+
+SELECTION_SQL = """
+WITH chosen AS (SELECT * FROM selection WHERE selected),
+test AS (
+  SELECT method, shards, model, avg(value) AS test_accuracy, count(DISTINCT seed) AS test_seeds
+  FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL
+    AND ((model = 'shard' AND shards = 1 AND shard_id = 0) OR model <> 'shard')
+  GROUP BY ALL),
+tried AS (
+  SELECT method, shards, string_agg(candidate || ' ' || printf('%.4f', val_accuracy), '; ' ORDER BY candidate)
+         AS candidates_val
+  FROM selection GROUP BY ALL)
+SELECT c.method, c.shards AS N, c.model, c.candidate AS selected,
+       printf('%g', c.lr) AS LR,
+       CASE WHEN c.pt IS NULL THEN '' WHEN c.pt THEN 'T' ELSE 'F' END AS PT,
+       CASE WHEN c.cls IS NULL THEN '' WHEN c.cls THEN 'T' ELSE 'F' END AS CLS,
+       c.val_accuracy, t.test_accuracy, c.seeds, tr.candidates_val
+FROM chosen c
+LEFT JOIN test t ON t.method = c.candidate AND t.shards = c.shards AND t.model = c.model
+JOIN tried tr ON tr.method = c.method AND tr.shards = c.shards
+ORDER BY c.method, c.shards
+"""
+
+
+def selection_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Write `search_selection.{md,csv}` when the study ran the validation search."""
+    if not has_rows(con, "selection", "true") or not has_rows(con, "metrics", "true"):
+        return []
+    df = con.sql(SELECTION_SQL).df()
+    return save_table(df, out_dir, "search_selection",
+                      "Validation search: the selected point per method and N (TAFT Tables 4-6); test accuracy "
+                      "of the selected point only", blank_missing=True)
+
+
+REPORTS: dict = {"search_selection": selection_report}
