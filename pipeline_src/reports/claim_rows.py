@@ -21,6 +21,15 @@ WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pr
 GROUP BY method, model, shards
 """
 
+# The same rows per seed: the spread of a paired gap (claims within noise).
+SEED_ACCURACY_SQL = """
+SELECT method, model, shards, seed, avg(value) AS accuracy
+FROM metrics_selected
+WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
+  AND ((model = 'shard' AND shards = 1) OR model = 'soup')
+GROUP BY ALL
+"""
+
 # Forgetting by dropping shards (`steps/forget/drop.py`), per request; r = 0 (nothing removed) left out.
 DROP_SQL = """
 SELECT method, model, shards, seed, CAST(json_extract(variant, '$.removed_shards') AS INTEGER) AS removed,
@@ -81,6 +90,11 @@ def _query(con: duckdb.DuckDBPyConnection, view: str, sql: str) -> pd.DataFrame:
 def accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, kind, model (`shard` at N = 1, `soup`), shards, accuracy, seeds."""
     return _query(con, "metrics", ACCURACY_SQL)
+
+
+def seed_accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, model, shards, seed, accuracy: `accuracy_rows` before the mean over seeds."""
+    return _query(con, "metrics", SEED_ACCURACY_SQL)
 
 
 def drop_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
