@@ -63,7 +63,8 @@ def _own_point(cfg: dict, method: dict) -> dict[str, Any]:
 
 
 def grid(cfg: dict, base: str) -> list[dict[str, Any]]:
-    """The points of one searched method, in grid order: {name, lr, pt, cls} (pt, cls None but for taft)."""
+    """The points of one searched method, in grid order: {name, lr, pt, cls, kind, k} (pt, cls None but
+    for taft; k None but for nlft and taft)."""
     method = cfg["methods"][base]
     search = cfg["search"]
     taft = method["kind"] == "taft"
@@ -74,7 +75,7 @@ def grid(cfg: dict, base: str) -> list[dict[str, Any]]:
     for lr, pt, cls in axes:
         point = {"lr": float(lr), **({"pt": pt, "cls": cls} if taft else {})}
         name = base if point == own else point_name(base, lr, pt, cls)
-        out.append({"name": name, "lr": float(lr), "pt": pt, "cls": cls})
+        out.append({"name": name, "lr": float(lr), "pt": pt, "cls": cls, "kind": method["kind"], "k": method.get("k")})
     return out
 
 

@@ -3,7 +3,8 @@
 `search_selection.{md,csv}`: one row per searched method and shard count N: the selected grid
 point (LR, and PT, CLS for taft), the model compared (the full-data model at N = 1, else the
 soup), its validation accuracy, and its test accuracy, the one test figure of the search (the
-other points' test rows are never shown); then every candidate's validation accuracy. Rows from
+other points' test rows are never shown); every candidate's validation accuracy; and the point
+the paper chose for that kind and setting (its ViT-L/16 on seven datasets, for comparison). Rows from
 the `selection` view (`steps/select.py`) and, for the selected point's test accuracy, `metrics`.
 """
 from __future__ import annotations
@@ -11,8 +12,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 
 from pipeline_src.reports.files import has_rows, save_table
+
+# The points the TAFT paper chose (App. A, Tables 4-6, ViT-L/16 on ImageNet; design.md section 9),
+# by (kind, full data or shards); k > 1 is Table 5's 7 blocks. full and last are not in its tables.
+PAPER_CHOICE = {
+    ("fc", "full"): "Table 4: LR 1e-3 (MIT, Pets, CUB, Cars, Aircraft) or 1e-4 (Caltech, Dogs)",
+    ("nlft", "full"): "Table 4: LR 1e-4 on all 7",
+    ("taft", "full"): "Table 4: LR 1e-3 (1e-4 on Dogs), PT = F (T on Dogs), CLS = T on Cars and Aircraft",
+    ("nlft", "full", "deep"): "Table 5 (7 blocks): LR 1e-4",
+    ("taft", "full", "deep"): "Table 5 (7 blocks): LR 1e-4, PT = T, CLS = F (T on Aircraft)",
+    ("nlft", "shards"): "Table 6: LR 1e-3",
+    ("taft", "shards"): "Table 6: LR 1e-3, PT = F, CLS = T on Cars and Aircraft",
+}
+
+
+def paper_choice(kind: str, k: int | None, shards: int) -> str:
+    """The paper's chosen point for a method of this kind and k at N shards ('' where it has none)."""
+    setting = "full" if shards == 1 else "shards"
+    deep = ("deep",) if k is not None and k > 1 and setting == "full" else ()
+    return PAPER_CHOICE.get((kind, setting, *deep), "")
 
 SELECTION_SQL = """
 WITH chosen AS (SELECT * FROM selection WHERE selected),
@@ -25,7 +46,7 @@ tried AS (
   SELECT method, shards, string_agg(candidate || ' ' || printf('%.4f', val_accuracy), '; ' ORDER BY candidate)
          AS candidates_val
   FROM selection GROUP BY ALL)
-SELECT c.method, c.shards AS N, c.model, c.candidate AS selected,
+SELECT c.method, c.kind, c.k, c.shards AS N, c.model, c.candidate AS selected,
        printf('%g', c.lr) AS LR,
        CASE WHEN c.pt IS NULL THEN '' WHEN c.pt THEN 'T' ELSE 'F' END AS PT,
        CASE WHEN c.cls IS NULL THEN '' WHEN c.cls THEN 'T' ELSE 'F' END AS CLS,
@@ -42,6 +63,9 @@ def selection_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path
     if not has_rows(con, "selection", "true") or not has_rows(con, "metrics", "true"):
         return []
     df = con.sql(SELECTION_SQL).df()
+    df["paper's choice"] = [paper_choice(kind, None if pd.isna(k) else int(k), n)
+                            for kind, k, n in zip(df.kind, df.k, df.N)]
+    df = df.drop(columns=["kind", "k"])
     return save_table(df, out_dir, "search_selection",
                       "Validation search: the selected point per method and N (TAFT Tables 4-6); test accuracy "
                       "of the selected point only", blank_missing=True)

@@ -22,6 +22,8 @@ from pipeline_src.store.atomic import write_parquet, write_text
 SELECTION_SCHEMA = pa.schema([
     ("experiment", pa.string()),
     ("method", pa.string()),  # the searched method
+    ("kind", pa.string()),
+    ("k", pa.int64()),
     ("shards", pa.int64()),
     ("model", pa.string()),  # what was compared: shard (N = 1), soup or ensemble
     ("candidate", pa.string()),  # the grid point's method name
@@ -77,7 +79,8 @@ def choose(rows: list[dict], candidates: list[dict], method: str, experiment: st
             raise ValueError(f"select: no validation rows of {', '.join(lacking)} at N = {n} ({method}'s search)")
         means = [sum(by_point[n, c["name"]]) / len(by_point[n, c["name"]]) for c in candidates]
         best = max(range(len(candidates)), key=lambda i: (means[i], -i))
-        out += [dict(experiment=experiment, method=method, shards=n, model=models[n], candidate=c["name"],
+        out += [dict(experiment=experiment, method=method, kind=c.get("kind"), k=c.get("k"), shards=n,
+                     model=models[n], candidate=c["name"],
                      lr=float(c["lr"]), pt=c.get("pt"), cls=c.get("cls"), val_accuracy=means[i],
                      seeds=len(by_point[n, c["name"]]), selected=i == best)
                 for i, c in enumerate(candidates)]
