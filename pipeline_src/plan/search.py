@@ -18,9 +18,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.plan.errors import ConfigError
 
-SEARCHED_KINDS = ("fc", "nlft", "taft", "full", "last")
+SEARCHED_KINDS = kinds_where("searched")
 
 
 def lr_tag(lr: float) -> str:
@@ -46,7 +47,7 @@ def searched_methods(cfg: dict) -> list[str]:
     names = cfg["search"]["methods"]
     if names:
         return list(names)
-    return [n for n, m in cfg["methods"].items() if m["kind"] in SEARCHED_KINDS and n not in variants]
+    return [n for n, m in cfg["methods"].items() if kind_of(m).searched and n not in variants]
 
 
 def search_shards(cfg: dict) -> list[int]:
@@ -57,7 +58,7 @@ def search_shards(cfg: dict) -> list[int]:
 def _own_point(cfg: dict, method: dict) -> dict[str, Any]:
     """The method's own settings on the grid's axes (lr as it trains: its own, else `train.lr`)."""
     point = {"lr": float(method.get("lr", cfg["train"]["lr"]))}
-    if method["kind"] == "taft":
+    if kind_of(method).tangent:
         point.update(pt=not method.get("reset", False), cls=bool(method.get("reset_cls", False)))
     return point
 
@@ -67,7 +68,7 @@ def grid(cfg: dict, base: str) -> list[dict[str, Any]]:
     for taft; k None but for nlft and taft)."""
     method = cfg["methods"][base]
     search = cfg["search"]
-    taft = method["kind"] == "taft"
+    taft = kind_of(method).tangent
     axes = itertools.product(search["lrs"], search["taft"]["pt"] if taft else [None],
                              search["taft"]["cls"] if taft else [None])
     own = _own_point(cfg, method)
@@ -108,7 +109,7 @@ def expand_search(cfg: dict) -> None:
     for i, name in enumerate(search["methods"]):
         if name not in cfg["methods"]:
             raise ConfigError(f"config key 'search.methods[{i}]': '{name}' is not a method of `methods:`")
-        if cfg["methods"][name]["kind"] not in SEARCHED_KINDS:
+        if not kind_of(cfg["methods"][name]).searched:
             raise ConfigError(f"config key 'search.methods[{i}]': '{name}' is of kind "
                               f"'{cfg['methods'][name]['kind']}', not one the search covers ({', '.join(SEARCHED_KINDS)})")
     for i, n in enumerate(search["shards"]):

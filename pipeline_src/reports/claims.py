@@ -49,7 +49,7 @@ import duckdb
 import pandas as pd
 
 from pipeline_src.reports import claim_rows
-from pipeline_src.reports.regimes import measured_regime, paper_rows
+from pipeline_src.reports.regimes import first, measured_regime, paper_rows
 from pipeline_src.store.atomic import write_text
 
 TAFT = "TAFT: Liu, Soatto et al., ICLR 2024"
@@ -125,15 +125,6 @@ def verdict(mean: float, spread: float | None, threshold: float) -> str:
 
 def _spread(spread: float | None, seeds: int) -> str:
     return f" ± {100 * spread:.1f} pts, sd over {seeds} seeds" if spread is not None else ""
-
-
-def first(methods: dict[str, dict], available, kind: str, k: int | None = None) -> str | None:
-    """The first method (in `methods`' order) of `kind` (and `k`) among `available`, or None."""
-    available = set(available)
-    for name, cfg in methods.items():
-        if cfg.get("kind") == kind and (k is None or cfg.get("k") == k) and name in available:
-            return name
-    return None
 
 
 def _pair(methods: dict[str, dict], available) -> tuple[str | None, str | None]:

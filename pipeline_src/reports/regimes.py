@@ -61,6 +61,15 @@ def regime_of_gap(gap_pts: float) -> str:
     return min((NEAR, FAR), key=lambda g: _interval_distance(gap_pts, *PAPER_GAP_PTS[g]))
 
 
+def first(methods: dict[str, dict], available, kind: str, k: int | None = None) -> str | None:
+    """The first method (in `methods`' order) of `kind` (and `k`) among `available`, or None."""
+    available = set(available)
+    for name, cfg in methods.items():
+        if cfg.get("kind") == kind and (k is None or cfg.get("k") == k) and name in available:
+            return name
+    return None
+
+
 def measured_regime(acc: pd.DataFrame, methods: dict[str, dict]) -> Regime:
     """The study's regime from its full-data accuracy rows (`claim_rows.accuracy_rows`).
 
@@ -68,8 +77,6 @@ def measured_regime(acc: pd.DataFrame, methods: dict[str, dict]) -> Regime:
         acc: method, model, shards, accuracy rows (selected points where the study searched).
         methods: the methods in config order: the first fc and the first nlft with k = 1 count.
     """
-    from pipeline_src.reports.claims import first
-
     full = acc[(acc.model == "shard") & (acc.shards == 1)] if len(acc) else acc
     names = list(full.method) if len(full) else []
     fc, nlft = first(methods, names, "fc"), first(methods, names, "nlft", 1)
