@@ -97,6 +97,19 @@ def seed_accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return _query(con, "metrics", SEED_ACCURACY_SQL)
 
 
+def selected_points(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], str]:
+    """(searched method, N) -> its selected point in words ('taft-1_lr1e-4_ptF_clsT: LR 1e-4, PT F,
+    CLS T, val 85.1 %'); empty without a search (`selection` view, `steps/select.py`)."""
+    if "selection" not in _views(con):
+        return {}
+    rows = con.sql("SELECT method, shards, candidate, lr, pt, cls, val_accuracy FROM selection WHERE selected").fetchall()
+    out = {}
+    for method, n, candidate, lr, pt, cls, val in rows:
+        axes = [f"LR {lr:g}"] + ([f"PT {'T' if pt else 'F'}", f"CLS {'T' if cls else 'F'}"] if pt is not None else [])
+        out[method, int(n)] = f"{candidate}: {', '.join(axes)}, val {100 * val:.1f} %"
+    return out
+
+
 def drop_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, model (`subtract` / `sisa-drop`), shards, seed, removed (≥ 1), request, accuracy."""
     return _query(con, "metrics", DROP_SQL)

@@ -42,6 +42,7 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -340,10 +341,16 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
              ("fusion", fusion_claims(claim_rows.fusion_rows(con), methods)),
              ("last", last_claim(acc, claim_rows.memory_rows(con), methods)),
              ("cost", unlearning_cost_claims(claim_rows.retrain_rows(con), methods))]
+    chosen = claim_rows.selected_points(con)
     out = []
     for key, claims in keyed:
         made_for, rows = paper_rows(key, regime)
-        out += [replace(c, paper_regime=made_for, paper_rows=rows) for c in claims]
+        for c in claims:
+            n = int(m.group(1)) if (m := re.search(r"N = (\d+)", c.claim)) else 1
+            picks = [f"{name} at N = {n}: {p}" for (name, at), p in chosen.items()
+                     if at == n and key in ("table1", "table2") and re.search(rf"\b{re.escape(name)}\b", c.study_figure)]
+            note = c.note + ("; selected on validation: " + "; ".join(picks) if picks else "")
+            out.append(replace(c, paper_regime=made_for, paper_rows=rows, note=note))
     return out
 
 

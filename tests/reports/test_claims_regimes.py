@@ -1,6 +1,8 @@
 """Claims per regime: the measured distance, the paper's rows at it, and seeds' spread."""
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from pipeline_src.reports.regimes import FAR, NEAR, regime_of_gap
@@ -49,3 +51,33 @@ def test_a_gap_inside_the_seeds_spread_is_within_noise_not_yes_or_no(tmp_path):
     # the same gap at a single seed: a plain no
     one = {m: v[:1] for m, v in noisy.items()}
     assert claims_of(write_study(tmp_path / "one", _seeded(one)), tmp_path / "r1")[T1]["holds"] == "no"
+
+
+def test_searched_methods_show_the_selected_point_only(tmp_path):
+    """`metrics_selected`: taft-1's own settings are off the grid, its point lr1e-4 was selected on
+    validation, and the other point has the better test accuracy: the claims and Table 1 show the
+    selected point's test figure under taft-1's name, nothing of the others."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline_src.reports.report import taft_table1
+    from pipeline_src.steps.select import SELECTION_SCHEMA, choose
+    from pipeline_src.store.results_db import connect
+
+    sel, other = "taft-1_lr1e-4_ptF_clsT", "taft-1_lr1e-3_ptF_clsT"
+    rows = _seeded({"fc": [0.70], "nlft-1": [0.80], "taft-1": [0.50]})
+    rows += [{**row("taft-1", "shard", 1, 0.90), "method": sel}, {**row("taft-1", "shard", 1, 0.95), "method": other}]
+    results = write_study(tmp_path, rows)
+    candidates = [{"name": sel, "lr": 1e-4, "pt": False, "cls": True}, {"name": other, "lr": 1e-3, "pt": False, "cls": True}]
+    val = [{"method": sel, "shards": 1, "model": "shard", "value": 0.6}, {"method": other, "shards": 1, "model": "shard",
+                                                                         "value": 0.5}]
+    (results / "select").mkdir()
+    pq.write_table(pa.Table.from_pylist(choose(val, candidates, "taft-1", "fake"), schema=SELECTION_SCHEMA),
+                   results / "select" / "taft-1.parquet")
+    t1 = claims_of(results, tmp_path / "r")[T1]
+    assert t1["this study's figure"].startswith("taft-1 90.0 %, nlft-1 80.0 %")
+    assert f"selected on validation: taft-1 at N = 1: {sel}: LR 0.0001, PT F, CLS T, val 60.0 %" in t1["note"]
+    (tmp_path / "t").mkdir()
+    with open(taft_table1(connect(results), tmp_path / "t")[1]) as f:
+        table = {r["method"]: float(r["accuracy"]) for r in csv.DictReader(f)}
+    assert table == {"fc": 0.70, "nlft-1": 0.80, "taft-1": 0.90}
