@@ -61,6 +61,9 @@ WHERE model = 'dp-shard' AND shards = 1 AND json_extract_string(variant, '$.stud
 GROUP BY ALL
 """
 
+# The same per seed (each an independent DP noise draw): the spread of a DP gap.
+PRIVACY_SEED_SQL = PRIVACY_SQL.replace("avg(value) AS accuracy", "seed, avg(value) AS accuracy")
+
 # Soups of the fusion study without and with matching (`steps/fusion/fuse.py`), as in `reports/fusion.py`.
 FUSION_SQL = """
 SELECT method, shards, json_extract_string(variant, '$.init') AS init,
@@ -124,6 +127,11 @@ def retrain_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def privacy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, regime, protocol, epsilon, accuracy of the DP models at N = 1."""
     return _query(con, "metrics", PRIVACY_SQL)
+
+
+def privacy_seed_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, regime, protocol, epsilon, seed, accuracy: `privacy_rows` before the mean over seeds."""
+    return _query(con, "metrics", PRIVACY_SEED_SQL)
 
 
 def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

@@ -81,3 +81,18 @@ def test_searched_methods_show_the_selected_point_only(tmp_path):
     with open(taft_table1(connect(results), tmp_path / "t")[1]) as f:
         table = {r["method"]: float(r["accuracy"]) for r in csv.DictReader(f)}
     assert table == {"fc": 0.70, "nlft-1": 0.80, "taft-1": 0.90}
+
+
+def test_dp_rows_over_two_noise_draws_give_the_spread(tmp_path):
+    def dp(method, regime, seed, value):
+        return row(method, "dp-shard", 1, value, seed=seed,
+                   variant={"study": "privacy", "regime": regime, "protocol": "ours", "epsilon": 1.0})
+
+    # full: TAFT − NLFT +1 and −1 pts (mean 0 ± 1.4): within noise; fc: +5 and +6 pts: yes
+    rows = [dp("taft-1", "full", 0, 0.51), dp("nlft-1", "full", 0, 0.50), dp("taft-1", "full", 1, 0.49),
+            dp("nlft-1", "full", 1, 0.50), dp("taft-1", "fc", 0, 0.45), dp("nlft-1", "fc", 0, 0.40),
+            dp("taft-1", "fc", 1, 0.46), dp("nlft-1", "fc", 1, 0.40)]
+    claim = claims_of(write_study(tmp_path, rows), tmp_path / "r")["DP TAFT ≥ DP NLFT, ε = 1 (ours protocol)"]
+    assert claim["holds"] == "within noise" and "within the seeds' (noise draws') spread in full" in claim["note"]
+    assert "fc: 45.5 % vs 40.0 % (+5.5 pts ± 0.7 pts, sd over 2 seeds)" in claim["this study's figure"]
+    assert "CUB-200 (near)" in claim["paper made it for"] or "CUB-200" in claim["paper's rows at this distance"]
