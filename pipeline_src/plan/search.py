@@ -44,7 +44,7 @@ def point_name(base: str, lr: float, pt: bool | None, cls: bool | None) -> str:
 def searched_methods(cfg: dict) -> list[str]:
     """`search.methods`, or every base method of a searched kind when it is empty (config order)."""
     variants = cfg["search"].get("variants") or {}
-    names = cfg["search"]["methods"]
+    names = cfg["search"]["methods"]  # a DP search's points (dp_only) are never searched again
     if names:
         return list(names)
     return [n for n, m in cfg["methods"].items() if kind_of(m).searched and n not in variants]
@@ -101,8 +101,12 @@ def expand_search(cfg: dict) -> None:
             shard count not in `shards`, or a point whose name a method already has.
     """
     search = cfg["search"]
-    for name in search.get("variants") or {}:  # a config validated before: back to its base methods
+    old = search.get("variants") or {}
+    for name in old:  # a config validated before: back to its base methods
         cfg["methods"].pop(name, None)
+    if old and "privacy" in cfg:  # and the privacy study's lists to the methods named by hand
+        cfg["privacy"]["methods"] = [m for m in cfg["privacy"]["methods"] if m not in old]
+        cfg["privacy"]["paper"]["methods"] = [m for m in cfg["privacy"]["paper"]["methods"] if m not in old]
     search["variants"] = {}
     if not search["enabled"]:
         return
@@ -127,6 +131,48 @@ def expand_search(cfg: dict) -> None:
             search["variants"][point["name"]] = {"base": base, "lr": point["lr"], "pt": point["pt"],
                                                  "cls": point["cls"]}
     cfg["methods"].update(added)
+    if cfg["privacy"]["enabled"]:
+        _expand_privacy_pt(cfg)
+
+
+def _expand_privacy_pt(cfg: dict) -> None:
+    """The paper's DP search (PT ∈ {T, F}): each taft method of the privacy study gets its other PT
+    as a method that only the privacy study trains (`dp_only`), added to the study's method lists."""
+    p, search = cfg["privacy"], cfg["search"]
+    # `privacy.methods` resolved before the points join `methods:` (as plan/privacy.privacy_methods)
+    studied = list(p["methods"]) or [n for n, m in cfg["methods"].items()
+                                     if kind_of(m).private and not is_variant(cfg, n)]
+    bases = [m for m in dict.fromkeys([*studied, *p["paper"]["methods"]]) if kind_of(cfg["methods"][m]).tangent]
+    added = {}
+    for base in bases:
+        method = cfg["methods"][base]
+        own = not method.get("reset", False)
+        for pt in search["privacy_pt"]:
+            if pt == own:
+                continue
+            name = f"{base}_dp_pt{_flag(pt)}"
+            if name in cfg["methods"]:
+                raise ConfigError(f"config key 'methods.{name}': the name of the DP search's PT point of "
+                                  f"'{base}'; rename the method")
+            added[name] = {**method, "reset": not pt}
+            search["variants"][name] = {"base": base, "lr": float(method.get("lr", cfg["train"]["lr"])), "pt": pt,
+                                        "cls": bool(method.get("reset_cls", False)), "dp_only": True}
+            if base in studied:
+                studied.append(name)
+            if base in p["paper"]["methods"]:
+                p["paper"]["methods"] = [*p["paper"]["methods"], name]
+    cfg["methods"].update(added)
+    p["methods"] = studied if added else p["methods"]
+
+
+def dp_candidates(cfg: dict, base: str) -> list[dict[str, Any]]:
+    """The DP search's points of one taft method: {name, lr, pt, cls, kind, k}, in `privacy_pt` order."""
+    method = cfg["methods"][base]
+    own = not method.get("reset", False)
+    lr = float(method.get("lr", cfg["train"]["lr"]))
+    return [{"name": base if pt == own else f"{base}_dp_pt{_flag(pt)}", "lr": lr, "pt": pt,
+             "cls": bool(method.get("reset_cls", False)), "kind": method["kind"], "k": method.get("k")}
+            for pt in cfg["search"]["privacy_pt"]]
 
 
 def is_variant(cfg: dict, name: str) -> bool:
@@ -135,8 +181,11 @@ def is_variant(cfg: dict, name: str) -> bool:
 
 
 def variant_shards(cfg: dict, name: str) -> list[int]:
-    """The shard counts a method trains at: a grid point only at the searched ones."""
-    return search_shards(cfg) if is_variant(cfg, name) else list(cfg["shards"])
+    """The shard counts a method trains at: a grid point only at the searched ones, a DP search's
+    point at none (only the privacy study trains it)."""
+    if not is_variant(cfg, name):
+        return list(cfg["shards"])
+    return [] if cfg["search"]["variants"][name].get("dp_only") else search_shards(cfg)
 
 
 

@@ -125,13 +125,28 @@ def retrain_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def privacy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, regime, protocol, epsilon, accuracy of the DP models at N = 1."""
-    return _query(con, "metrics", PRIVACY_SQL)
+    """method, regime, protocol, epsilon, accuracy of the DP models at N = 1 (the selected PT where
+    the study ran the DP search)."""
+    return _private_selected(con, _query(con, "metrics", PRIVACY_SQL))
+
+
+def _private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.DataFrame:
+    """DP rows as the DP search selected them: per protocol, searched method, regime and ε, the
+    selected PT point's rows under the method's name; the other point's rows left out."""
+    if rows.empty or "private_selection" not in _views(con):
+        return rows
+    sel = con.sql("SELECT method AS base, candidate, protocol, regime, epsilon, selected FROM private_selection "
+                  "WHERE shards = 1").df()
+    rows = rows.merge(sel.rename(columns={"candidate": "method"}), how="left",
+                      on=["method", "protocol", "regime", "epsilon"])
+    rows = rows[rows.selected.isna() | (rows.selected == True)]  # noqa: E712 (a pandas mask)
+    rows = rows.assign(method=rows.base.where(rows.base.notna(), rows.method))
+    return rows.drop(columns=["base", "selected"])
 
 
 def privacy_seed_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, regime, protocol, epsilon, seed, accuracy: `privacy_rows` before the mean over seeds."""
-    return _query(con, "metrics", PRIVACY_SEED_SQL)
+    return _private_selected(con, _query(con, "metrics", PRIVACY_SEED_SQL))
 
 
 def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

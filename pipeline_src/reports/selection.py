@@ -71,4 +71,37 @@ def selection_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path
                       "of the selected point only", blank_missing=True)
 
 
-REPORTS: dict = {"search_selection": selection_report}
+PRIVATE_SQL = """
+WITH chosen AS (SELECT * FROM private_selection WHERE selected),
+test AS (
+  SELECT method, shards, json_extract_string(variant, '$.protocol') AS protocol,
+         json_extract_string(variant, '$.regime') AS regime, CAST(json_extract(variant, '$.epsilon') AS DOUBLE) AS epsilon,
+         avg(value) AS test_accuracy
+  FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND json_extract_string(variant, '$.study') = 'privacy'
+    AND ((model = 'dp-shard' AND shards = 1 AND shard_id = 0) OR model = 'dp-soup')
+  GROUP BY ALL),
+tried AS (
+  SELECT method, shards, protocol, regime, epsilon,
+         string_agg(candidate || ' ' || printf('%.4f', val_accuracy), '; ' ORDER BY candidate) AS candidates_val
+  FROM private_selection GROUP BY ALL)
+SELECT c.protocol, c.method, c.regime, c.epsilon AS "ε", c.shards AS N, c.candidate AS selected,
+       CASE WHEN c.pt THEN 'T' ELSE 'F' END AS PT, c.val_accuracy, t.test_accuracy, c.seeds, tr.candidates_val
+FROM chosen c
+LEFT JOIN test t ON t.method = c.candidate AND t.shards = c.shards AND t.protocol = c.protocol
+  AND t.regime = c.regime AND t.epsilon = c.epsilon
+JOIN tried tr ON tr.method = c.method AND tr.shards = c.shards AND tr.protocol = c.protocol
+  AND tr.regime = c.regime AND tr.epsilon = c.epsilon
+ORDER BY c.protocol, c.method, c.regime, c.epsilon, c.shards
+"""
+
+
+def private_selection_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Write `search_selection_private.{md,csv}` when the privacy study ran the DP search (PT)."""
+    if not has_rows(con, "private_selection", "true") or not has_rows(con, "metrics", "true"):
+        return []
+    return save_table(con.sql(PRIVATE_SQL).df(), out_dir, "search_selection_private",
+                      "DP search: the selected PT per protocol, method, regime and ε (the paper searched PT ∈ {T, F}); "
+                      "test accuracy of the selected point only", blank_missing=True)
+
+
+REPORTS: dict = {"search_selection": selection_report, "search_selection_private": private_selection_report}

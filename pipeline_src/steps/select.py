@@ -30,6 +30,9 @@ SELECTION_SCHEMA = pa.schema([
     ("lr", pa.float64()),
     ("pt", pa.bool_()),
     ("cls", pa.bool_()),
+    ("protocol", pa.string()),  # a DP search's selection (`select_private`): its DP jobs; else null
+    ("regime", pa.string()),
+    ("epsilon", pa.float64()),
     ("val_accuracy", pa.float64()),  # mean over seeds
     ("seeds", pa.int64()),
     ("selected", pa.bool_()),
@@ -90,6 +93,8 @@ def choose(rows: list[dict], candidates: list[dict], method: str, experiment: st
 def main(args: StepArgs) -> None:
     method, candidates = args.wildcards["method"], args.params["candidates"]
     rows = choose(read_validation(list(args.input.validation)), candidates, method, args.settings["experiment"])
+    labels = args.params.get("labels") or {}  # select_private: protocol, regime, epsilon
+    rows = [{**r, **labels} for r in rows]
     write_parquet(pa.Table.from_pylist(rows, schema=SELECTION_SCHEMA), args.output.choice)
     chosen = [{k: r[k] for k in ("shards", "model", "candidate", "lr", "pt", "cls", "val_accuracy")}
               for r in rows if r["selected"]]

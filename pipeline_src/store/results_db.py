@@ -11,6 +11,7 @@
 | job_counters | each job's own counters beside its log, `results/logs/**/*.counters.parquet`: images and model FLOPs (`pipeline_src/store/job_counters.py`) |
 | job_rss | each job's exact peak RSS beside its log, `results/logs/**/*.rss.json`, measured by the process that reaped it (`pipeline_src/store/job_rss.py`) |
 | selection | the validation search's choices `results/select/*.parquet` (schema in `pipeline_src/steps/select.py`) |
+| private_selection | the DP search's choices `results/select_private/**/*.parquet` (PT per protocol, taft method, regime and ε) |
 | metrics_selected | `metrics` where a search selected: at each searched method and N, the main DAG's rows (no `variant`) of the selected grid point only, under the searched method's name (the other points' and an off-grid base's rows left out); `metrics` itself without a search |
 | environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
@@ -40,6 +41,7 @@ VIEWS = {
     "job_counters": ("logs/**/*.counters.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true, filename=true)"),
     "job_rss": ("logs/**/*.rss.json", None),
     "selection": ("select/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
+    "private_selection": ("select_private/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
 }
 
 

@@ -60,7 +60,8 @@ def test_grid_points_stay_out_of_the_studies_that_default_to_every_method():
     cfg["privacy"] = {"enabled": True, "public_train_size": 500}
     cfg = validate_config(cfg, count_samples=False)
     assert fusion_methods(cfg) == ["nlft-1", "last"]
-    assert privacy_methods(cfg) == ["nlft-1", "taft-1", "taft-1-vec", "last"]
+    # the learning-rate points stay out; the DP search's own PT points join (the paper searched PT for DP)
+    assert privacy_methods(cfg) == ["nlft-1", "taft-1", "taft-1-vec", "last", "taft-1_dp_ptF", "taft-1-vec_dp_ptF"]
 
 
 @pytest.mark.parametrize("search, key", [
@@ -94,3 +95,28 @@ def test_expand_search_names_the_searched_kinds():
     cfg["search"].update(enabled=True, methods=["fc"])
     expand_search(cfg)
     assert list(cfg["search"]["variants"]) == ["fc_lr1e-4"]
+
+
+def test_the_privacy_study_searches_pt_for_its_taft_methods():
+    from pipeline_src.plan.privacy import privacy_jobs
+    from pipeline_src.plan.private_search import private_selection_targets, private_validation_targets
+
+    cfg = _config(enabled=True, methods=["fc"])
+    cfg["privacy"] = {"enabled": True, "public_train_size": 500, "methods": ["nlft-1", "taft-1"], "regimes": ["fc"],
+                      "epsilons": [8], "paper": {"methods": ["taft-1"], "regimes": ["fc"]}}
+    cfg = validate_config(cfg, count_samples=False)
+    assert cfg["methods"]["taft-1_dp_ptF"] == {**cfg["methods"]["taft-1"], "reset": True}
+    assert cfg["search"]["variants"]["taft-1_dp_ptF"]["dp_only"] is True
+    assert ("paper", "taft-1_dp_ptF", "fc") in privacy_jobs(cfg) and ("ours", "taft-1_dp_ptF", "fc") in privacy_jobs(cfg)
+    assert private_selection_targets(cfg, "R") == ["R/select_private/ours/taft-1/fc/eps8.parquet",
+                                                   "R/select_private/paper/taft-1/fc/eps8.parquet"]
+    assert private_validation_targets(cfg, "R", "ours", "taft-1", "fc", "8") == [
+        "R/validate_private/ours/taft-1/fc/eps8/n1_s0/shard0.parquet",
+        "R/validate_private/ours/taft-1_dp_ptF/fc/eps8/n1_s0/shard0.parquet"]
+    from pipeline_src.plan.search import variant_shards
+    assert variant_shards(cfg, "taft-1_dp_ptF") == []  # only the privacy study trains it
+    again = validate_config(cfg, count_samples=False)
+    assert again["privacy"]["methods"] == cfg["privacy"]["methods"] and again["methods"] == cfg["methods"]
+    # PT = T only (the method's own): no point, no selection
+    cfg["search"]["privacy_pt"] = [True]
+    assert "taft-1_dp_ptF" not in validate_config(cfg, count_samples=False)["methods"]

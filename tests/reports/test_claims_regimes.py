@@ -96,3 +96,27 @@ def test_dp_rows_over_two_noise_draws_give_the_spread(tmp_path):
     assert claim["holds"] == "within noise" and "within the seeds' (noise draws') spread in full" in claim["note"]
     assert "fc: 45.5 % vs 40.0 % (+5.5 pts ± 0.7 pts, sd over 2 seeds)" in claim["this study's figure"]
     assert "CUB-200 (near)" in claim["paper made it for"] or "CUB-200" in claim["paper's rows at this distance"]
+
+
+def test_dp_claims_use_the_pt_the_dp_search_selected(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline_src.steps.select import SELECTION_SCHEMA, choose
+
+    def dp(method, value):
+        return {**row("taft-1", "dp-shard", 1, value, variant={"study": "privacy", "regime": "fc", "protocol": "ours",
+                                                                "epsilon": 8.0}), "method": method}
+
+    # taft-1 (PT = T) beats NLFT on test, its PT = F point loses; validation chose PT = F
+    results = write_study(tmp_path, [dp("taft-1", 0.70), dp("taft-1_dp_ptF", 0.40), dp("nlft-1", 0.50)])
+    candidates = [{"name": "taft-1", "lr": 1e-3, "pt": True, "cls": False},
+                  {"name": "taft-1_dp_ptF", "lr": 1e-3, "pt": False, "cls": False}]
+    val = [{"method": "taft-1", "shards": 1, "model": "dp-shard", "value": 0.5},
+           {"method": "taft-1_dp_ptF", "shards": 1, "model": "dp-shard", "value": 0.6}]
+    rows = [{**r, "protocol": "ours", "regime": "fc", "epsilon": 8.0} for r in choose(val, candidates, "taft-1", "fake")]
+    (results / "select_private").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=SELECTION_SCHEMA), results / "select_private" / "s.parquet")
+    claim = claims_of(results, tmp_path / "r")["DP TAFT ≥ DP NLFT, ε = 8 (ours protocol)"]
+    assert claim["this study's figure"] == "taft-1 vs nlft-1: fc: 40.0 % vs 50.0 % (-10.0 pts)"
+    assert claim["holds"] == "no"
