@@ -4,6 +4,8 @@
 # and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
 #                        then run studies/fashion_mnist.yaml
+#   make claims-regimes STUDIES="results/a results/b"   one claims table over two or more studies'
+#                        results folders, a column per regime, nearest first (docs/search.md)
 # and three for the pinned environment (docs/environment.md):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
@@ -25,7 +27,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study study-fashion test install check-lock lock lock-upgrade conda-env golden docs clean-results
+.PHONY: claims-regimes study study-fashion test install check-lock lock lock-upgrade conda-env golden docs clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +76,13 @@ lock-upgrade: $(LOCKENV)/bin/uv
 # The venv's python when there is one; the module needs only the standard library (Python >= 3.11: tomllib).
 conda-env:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipeline_src.plan.conda_env
+
+# Two or more studies' results folders (results/<experiment>), and where the table goes.
+STUDIES ?=
+REGIMES_OUT ?= results/regimes
+
+claims-regimes: install
+	$(BIN)/python -m pipeline_src.reports.cross_regime $(STUDIES) --out $(REGIMES_OUT)
 
 golden: install
 	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/e2e/test_golden.py

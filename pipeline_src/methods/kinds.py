@@ -24,6 +24,8 @@ class Kind:
         private: DP training is supported (the privacy study).
         fusable: the shard models have attention to match (the fusion study).
         side: a side network on the frozen backbone's block outputs (the LAST grid study's base).
+        searched: the validation search covers it (`plan/search.py`; the TAFT paper's App. A: a
+            learning-rate grid; tangent kinds also PT and CLS).
     """
 
     name: str
@@ -33,6 +35,7 @@ class Kind:
     private: bool = False
     fusable: bool = False
     side: bool = False
+    searched: bool = True
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (

@@ -27,6 +27,7 @@ from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
 from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
+from pipeline_src.plan.search import expand_search
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 
@@ -91,6 +92,7 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
         raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
     if cfg["features"]["cache"] == "auto":  # the prefix is cheaper to recompute than to read on a GPU (schema)
         cfg["features"]["cache"] = cfg["device"] != "cuda"
+    expand_search(cfg)  # the grid points are methods: the checks below see them too
     _check_semantics(cfg, count_samples, cache_dir)
     return cfg
 

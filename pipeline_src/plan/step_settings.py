@@ -77,6 +77,10 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "evaluate_soup": _EVALUATED,
     "evaluate_ensemble": (*_EVALUATED, "compose_weights"),
     "evaluate_private": _EVALUATED,
+    "validate": (*_EVALUATED, "compose_weights"),  # a search candidate on the validation split (select.smk)
+    "select": LABELS,  # the candidates are its `candidates` param; the rows its input files
+    "validate_private": _EVALUATED,  # a DP search's candidate on the validation split
+    "select_private": LABELS,  # as select; protocol, regime and ε are its `labels` param
     # training as steps/train.load_job: the train block (less RUN_ONLY), the method, the head seed;
     # the image size and channels for augmentation
     "train": _TRAINING,

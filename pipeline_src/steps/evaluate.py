@@ -1,4 +1,5 @@
-"""evaluate: accuracy and loss on the test split, one Parquet file per evaluated model.
+"""evaluate: accuracy and loss on the test split (the `validate` rule: the validation split), one
+Parquet file per evaluated model.
 
 One input model is evaluated as itself; several are evaluated as their ensemble: the mean of
 their logits weighted by `compose_weights`, the soup's weights (so a TAFT soup and its ensemble
@@ -35,7 +36,8 @@ def main(args: StepArgs) -> None:
     device = resolve_device(args.runtime["device"])
     t0 = time.perf_counter()
     store = SampleStore(args.input.samples)
-    test = store.split("target", "test")
+    split = args.params.get("split", "test")  # `validate` (the search's candidates): "val"
+    rows = store.split("target", split)
     backbone_dir = Path(args.input.backbone).parent
     loaded = load_backbone(backbone_dir)  # once per job: each model builds on a copy of it
     models, records = [], []
@@ -53,17 +55,17 @@ def main(args: StepArgs) -> None:
             return member_logits(models, x).cpu()
 
     # Images are read from the store and converted one batch at a time.
-    out = store.apply(logits_of, test.ids, backbone_record["mean"], backbone_record["std"], device,
+    out = store.apply(logits_of, rows.ids, backbone_record["mean"], backbone_record["std"], device,
                       batch_size=args.runtime["eval_batch_size"], workers=args.runtime["num_workers"])
     logits = out[:, 0] if len(models) == 1 else \
         ensemble_logits(list(out.unbind(1)), composition_weights(records, cfg["compose_weights"]))
-    values = classification_metrics(logits, test.labels)
+    values = classification_metrics(logits, rows.labels)
     if len(args.input.models) == 1:
         values["weight_distance"] = distance_from_start(backbone_dir, args.input.models[0], backbone=loaded)
     context = dict(
         experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
         kind=record["method_config"]["kind"], model=args.params["model"], shards=int(w["shards"]),
-        shard_id=args.params.get("shard_id"), seed=int(w["seed"]), split="test", num_samples=len(test.ids),
+        shard_id=args.params.get("shard_id"), seed=int(w["seed"]), split=split, num_samples=len(rows.ids),
     )
     write_metrics(metric_rows(values, context=context, device=device, wall_time_s=time.perf_counter() - t0),
                   args.output.metrics)

@@ -10,6 +10,9 @@
 | jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
 | job_counters | each job's own counters beside its log, `results/logs/**/*.counters.parquet`: images and model FLOPs (`pipeline_src/store/job_counters.py`) |
 | job_rss | each job's exact peak RSS beside its log, `results/logs/**/*.rss.json`, measured by the process that reaped it (`pipeline_src/store/job_rss.py`) |
+| selection | the validation search's choices `results/select/*.parquet` (schema in `pipeline_src/steps/select.py`) |
+| private_selection | the DP search's choices `results/select_private/**/*.parquet` (PT per protocol, taft method, regime and ε) |
+| metrics_selected | `metrics` where a search selected: at each searched method and N, the main DAG's rows (no `variant`) of the selected grid point only, under the searched method's name (the other points' and an off-grid base's rows left out); `metrics` itself without a search |
 | environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
 Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
@@ -37,6 +40,8 @@ VIEWS = {
     "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
     "job_counters": ("logs/**/*.counters.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true, filename=true)"),
     "job_rss": ("logs/**/*.rss.json", None),
+    "selection": ("select/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
+    "private_selection": ("select_private/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
 }
 
 
@@ -52,6 +57,16 @@ ENVIRONMENTS_VIEW = """CREATE OR REPLACE VIEW environments AS SELECT
     count(*) AS metric_rows, count(DISTINCT experiment) AS experiments,
     min(created_at) AS first_created, max(created_at) AS last_created, environment
 FROM metrics GROUP BY environment"""
+
+# The main DAG's rows as a search selected them: per searched method and N, only the selected
+# candidate's rows, named after the searched method; study rows (with a `variant`) as they are.
+SELECTED_VIEW = """CREATE OR REPLACE VIEW metrics_selected AS
+SELECT m.* REPLACE (CASE WHEN m.variant IS NULL THEN coalesce(c.method, m.method) ELSE m.method END AS method)
+FROM metrics m
+LEFT JOIN (SELECT DISTINCT method, shards, candidate, selected FROM selection) c
+  ON m.method = c.candidate AND m.shards = c.shards AND m.variant IS NULL
+WHERE m.variant IS NOT NULL OR (coalesce(c.selected, true) AND (c.candidate IS NOT NULL OR NOT EXISTS (
+    SELECT 1 FROM selection b WHERE b.method = m.method AND b.shards = m.shards)))"""
 
 
 def _matches(results: Path, pattern: str) -> bool:
@@ -112,4 +127,6 @@ def connect(results_dir: str | Path = "results", database: str = ":memory:") -> 
             con.execute(f"CREATE OR REPLACE VIEW {name} AS " + sql.format(g=str(results / pattern)))
     if _matches(results, VIEWS["metrics"][0]):
         con.execute(ENVIRONMENTS_VIEW)
+        searched = _matches(results, VIEWS["selection"][0])
+        con.execute(SELECTED_VIEW if searched else "CREATE OR REPLACE VIEW metrics_selected AS SELECT * FROM metrics")
     return con

@@ -21,6 +21,7 @@ ABLATIONS = {"enabled": True, "losses": ["rsl"], "radii": [None, 0.5], "l2s": [0
 def _config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["methods"] = {"taft-1": cfg["methods"]["taft-1"]}
+    cfg["search"] = {"enabled": False}  # it names fc (tests/e2e/test_search.py runs it)
     cfg["shards"] = [1]
     for study in ("fusion", "forget", "last_grid"):
         cfg.pop(study, None)

@@ -34,6 +34,7 @@ def test_float16_caches_keep_the_float32_accuracies(tmp_path, tiny_study):
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["device"] = "cpu"
     cfg["methods"] = {m: cfg["methods"][m] for m in METHODS}
+    cfg["search"] = {"enabled": False}  # the methods themselves only (tests/e2e/test_search.py runs it)
     for study in ("fusion", "forget", "last_grid"):
         cfg.pop(study, None)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))

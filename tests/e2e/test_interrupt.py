@@ -28,7 +28,7 @@ def tiny_one_method() -> dict:
     """The .test study cut to one method and one shard count; training long enough to be caught."""
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg.update(methods={"nlft-1": {"kind": "nlft", "k": 1}}, shards=[2], fusion={"enabled": False},
-               forget={"study": {"enabled": False}}, last_grid={"enabled": False})
+               forget={"study": {"enabled": False}}, last_grid={"enabled": False}, search={"enabled": False})
     cfg["train"]["epochs"] = 200  # seconds per training job: the kill lands in one
     return cfg
 

@@ -36,7 +36,7 @@ PAPER = {"methods": ["taft-1"], "regimes": ["fc"], "epochs": 3}  # the paper pro
 
 def study_config(**privacy) -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg.pop("fusion", None), cfg.pop("forget", None)  # only the privacy study here
+    cfg.pop("fusion", None), cfg.pop("forget", None), cfg.pop("search", None)  # only the privacy study here
     cfg["methods"]["last"] = {"kind": "last", "rank": 8, "heads": 2}
     cfg["privacy"] = {"enabled": True, "epochs": 2, "batch_size": 64, "public_train_size": PUBLIC_SIZE, **privacy}
     return cfg

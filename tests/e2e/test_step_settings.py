@@ -129,15 +129,17 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2"))
     folders = {"/".join(p.split("/")[1:3 if p.startswith("results/metrics/") else 2])
                for out in planned for p in out.split(", ")}
+    # and the search's: its candidates' soups are validated again, then selected again
     assert folders == {"compose", "metrics/evaluate", "unlearn_drop", "metrics/unlearn_drop", "unlearn_retrain",
-                       "metrics/unlearn_retrain", "report"}
+                       "metrics/unlearn_retrain", "validate", "select", "report"}
     drops = {out.split(", ")[0] for out in planned if out.startswith("results/metrics/unlearn_drop/")}
     assert drops == {f"results/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
     retrains = [out for out in planned if out.startswith("results/metrics/unlearn_retrain/")]
     assert len(retrains) == 2 * 2  # both methods, both fractions
     soups = {out.split(", ")[0] for out in planned if out.startswith("results/compose/")}
     # each method's N = 2 soup, and the forget study's taft soup it subtracts from (N = 3)
-    assert soups == {f"results/compose/{m}/n2_s0/soup.safetensors" for m in cfg["methods"]} | {
+    methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
+    assert soups == {f"results/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
         "results/compose/taft-1/n3_s0/soup.safetensors"}
     ensembles = [out for out in planned if out.endswith("/ensemble.parquet")]
-    assert len(ensembles) == len(cfg["methods"])
+    assert len(ensembles) == len(methods)

@@ -35,6 +35,7 @@ TARGETS = ["evaluate_all", "unlearning"]  # not `all`: the report of the other s
 def _config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["methods"] = {k: v for k, v in cfg["methods"].items() if k in ("taft-1", "nlft-1")}
+    cfg["search"] = {"enabled": False}  # it names fc (tests/e2e/test_search.py runs it)
     cfg["fusion"] = {"enabled": False}  # the fusion and grid studies name methods dropped here
     cfg["last_grid"] = {"enabled": False}
     cfg["forget"] = {"study": {"enabled": True, "methods": ["taft-1", "nlft-1"], "shards": [3],

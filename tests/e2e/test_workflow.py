@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from pipeline_src.plan.config import validate_config
 from tests.conftest import REPO, planned_outputs, snakemake
 
 pytestmark = pytest.mark.e2e
@@ -42,8 +43,10 @@ def test_study_runs_to_a_report_with_every_model(study):
     rows = con.sql(f"""SELECT method, shards, model, shard_id, value FROM
         read_parquet('{study}/results/metrics/evaluate/**/*.parquet', union_by_name=true)
         WHERE metric = 'accuracy'""").fetchall()
-    # per method: the full-data model, 2 shard models, their soup and their ensemble
-    assert len(rows) == len(cfg["methods"]) * (1 + 2 + 2)
+    # per method (the search's grid points included): the full-data model, 2 shard models, their
+    # soup and their ensemble
+    methods = validate_config(cfg, count_samples=False)["methods"]
+    assert len(methods) > len(cfg["methods"]) and len(rows) == len(methods) * (1 + 2 + 2)
     assert all(0.0 <= r[-1] <= 1.0 for r in rows)
     # every model records its sample ids, and shard models partition the training split
     records = con.sql(f"SELECT shard_id, sample_ids FROM read_json_auto('{study}/results/train/fc/n2_s0/*.json')").fetchall()
@@ -89,7 +92,8 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     # the training memory the LAST row compares: each train record's peak (CPU: the job's max RSS,
     # which torch alone puts above 100 MB)
     peaks = duckdb.sql(f"SELECT peak_mem_mb FROM read_json_auto('{study}/results/train/*/n1_s0/shard0.json')").fetchall()
-    assert len(peaks) == 5 and all(p > 100 for (p,) in peaks)
+    trained = validate_config(yaml.safe_load((study / "config.yaml").read_text()), count_samples=False)["methods"]
+    assert len(peaks) == len(trained) and all(p > 100 for (p,) in peaks)  # the search's grid points too
 
 
 def test_report_has_the_per_rule_efficiency_table(study):

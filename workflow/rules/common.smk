@@ -24,6 +24,7 @@ from pipeline_src.plan.environment import warn_on_lock_drift
 from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
+from pipeline_src.plan.search import variant_shards
 from pipeline_src.plan.step_settings import settings_for
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
@@ -190,13 +191,25 @@ def evaluation_targets():
     """Every metrics file of the study: each shard model, and each composition for N > 1."""
     out = []
     for m in METHODS:
-        for n in SHARDS:
+        for n in variant_shards(config, m):  # a search's grid point: only where the search runs
             for s in SEEDS:
                 base = f"{R}/metrics/evaluate/{m}/n{n}_s{s}"
                 out += [f"{base}/shard{i}.parquet" for i in range(n)]
                 if n > 1:
                     out += [f"{base}/{c}.parquet" for c in config["compositions"]]
     return out
+
+
+# ------------------------------------------------------------ the validation search (select.smk)
+def validate_inputs(w):
+    """A candidate's model on the validation split: the full-data model (N = 1), the soup, or the
+    shard models of the ensemble."""
+    base = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors"}
+    if w.model == "shard":
+        return {**base, "models": [f"{R}/train/{w.method}/n{w.shards}_s{w.seed}/shard0.safetensors"]}
+    if w.model == "soup":
+        return {**base, "models": [f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"]}
+    return {**base, "models": shard_models(w)}
 
 
 # ------------------------------------------------------------ the ablation study (ablations.smk)
