@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # rule name -> step module below pipeline_src.steps, where they differ
 RULE_STEPS = {
-    "evaluate_shard": "evaluate", "evaluate_soup": "evaluate", "evaluate_ensemble": "evaluate",
+    "evaluate_shards": "evaluate", "evaluate_soup": "evaluate",
     "fusion_train": "fusion.train", "fusion_match": "fusion.match", "fuse": "fusion.fuse",
     "train_private": "privacy.train", "compose_private": "privacy.compose", "evaluate_private": "privacy.evaluate",
     "forget_manifest": "forget.manifest", "unlearn_drop": "forget.drop", "unlearn_retrain": "forget.retrain",
