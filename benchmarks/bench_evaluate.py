@@ -77,15 +77,15 @@ def prepare_study(cfg: dict, root: Path) -> tuple[Path, Path, int]:
 
 
 def shard_models(cfg: dict, method: str, n: int, backbone: Path, num_classes: int, root: Path) -> list[str]:
-    """N shard models of `method` (seeded heads, untrained), saved as the `train` step saves them."""
+    """N shard models of `method` (untrained: the seeded start), saved as the `train` step saves them."""
     loaded, _ = load_backbone(backbone.parent)
     paths = []
     for i in range(n):
-        model = build_tuned_model(loaded, cfg["methods"][method], num_classes, i)
+        model = build_tuned_model(loaded, cfg["methods"][method], num_classes, cfg["seed"])  # one head seed, as `train`
         path = root / "train" / method / f"n{n}_s0" / f"shard{i}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         save_model(model.trainable_state(), {"kind": "trained", "method": method, "method_config": cfg["methods"][method],
-                                             "shards": n, "shard_id": i, "seed": 0, "head_seed": i,
+                                             "shards": n, "shard_id": i, "seed": 0, "head_seed": cfg["seed"],
                                              "num_classes": num_classes, "num_samples": 1}, path)
         paths.append(str(path))
     return paths

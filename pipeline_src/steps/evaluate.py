@@ -83,9 +83,10 @@ def main(args: StepArgs) -> None:
         values["weight_distance"] = distance_from_start(backbone_dir, paths[0], backbone=loaded)
         results.append(("soup", None, values))
     if mode == "shards":
+        starts: dict = {}  # the shard models' one start, built once
         for i, (shard, path) in enumerate(zip(shard_ids_of(records, paths), paths)):
             values = classification_metrics(out[:, i], test.labels)
-            values["weight_distance"] = distance_from_start(backbone_dir, path, backbone=loaded)
+            values["weight_distance"] = distance_from_start(backbone_dir, path, backbone=loaded, starts=starts)
             results.append(("shard", shard, values))
     if mode == "ensemble" or args.params.get("ensemble"):
         logits = ensemble_logits(list(out.unbind(1)), composition_weights(records, cfg["compose_weights"]))
