@@ -44,4 +44,3 @@ rule evaluate_soup:
         settings=step_settings("evaluate_soup"),
     script:
         "../scripts/step.py"
-
