@@ -31,6 +31,13 @@ _EVALUATED = LABELS  # an evaluation of one model
 _STUDY = (*LABELS, "seed", "methods.{method}")  # a study job's rows, record and head init (steps/forget/common.py)
 
 
+def _evaluate_shards(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
+    """The shard models' rows; their ensemble's (N > 1, `ensemble` a composition) weigh the
+    shards' logits by `compose_weights`."""
+    ensemble = int(w["shards"]) > 1 and "ensemble" in cfg["compositions"]
+    return (*_EVALUATED, "compose_weights") if ensemble else _EVALUATED
+
+
 def _unlearn_drop(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
     """sisa-drop weighs the remaining shards' logits by `compose_weights`; a tangent method's
     `subtract` takes its weights from the composed model's record (the `compose` job reads the key)."""
@@ -73,9 +80,8 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "prepare": ("dataset", "seed"),
     "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans"),
     "features": ("seed", "features.dtype", "train.precision"),
-    "evaluate_shard": _EVALUATED,
+    "evaluate_shards": _evaluate_shards,
     "evaluate_soup": _EVALUATED,
-    "evaluate_ensemble": (*_EVALUATED, "compose_weights"),
     "evaluate_private": _EVALUATED,
     "validate": (*_EVALUATED, "compose_weights"),  # a search candidate on the validation split (select.smk)
     "select": LABELS,  # the candidates are its `candidates` param; the rows its input files

@@ -58,7 +58,7 @@ def test_every_variant_and_the_base_point_equals_the_train_step(study):
     # the point with the method's own settings (loss rsl, PT = T, CLS = F) trains the DAG's model
     _, record = load_model(study / "results/train/taft-1/n1_s0/shard0.safetensors")
     assert record["method_config"] == {"kind": "taft", "k": 1}
-    own = duckdb.sql(f"""SELECT value FROM read_parquet('{study}/results/metrics/evaluate/taft-1/n1_s0/shard0.parquet')
+    own = duckdb.sql(f"""SELECT value FROM read_parquet('{study}/results/metrics/evaluate/taft-1/n1_s0/shards.parquet')
         WHERE metric = 'accuracy'""").fetchall()[0][0]
     assert acc["fig2_loss-rsl_pt-T_cls-F"] == pytest.approx(own, abs=1e-12)
 

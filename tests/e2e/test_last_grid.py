@@ -62,7 +62,7 @@ def test_bias_correction_is_an_axis_and_an_ffn_base_is_refused():
         validate_config(ffn, count_samples=False)
 
 
-BASE_EVAL = "results/metrics/evaluate/last/n1_s0/shard0.parquet"
+BASE_EVAL = "results/metrics/evaluate/last/n1_s0/shards.parquet"
 
 
 @pytest.fixture(scope="module")

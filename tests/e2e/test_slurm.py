@@ -33,7 +33,7 @@ from tests.conftest import REPO, SNAKEMAKE
 
 pytestmark = pytest.mark.e2e
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
-SLURM_RULES = {"train", "compose", "evaluate_shard", "evaluate_soup", "evaluate_ensemble"}
+SLURM_RULES = {"train", "compose", "evaluate_shards", "evaluate_soup"}
 FULL = os.environ.get("PIPELINE_SLURM_TEST_FULL") == "1"
 REQUIRED = os.environ.get("PIPELINE_REQUIRE_SLURM") == "1"
 if FULL:  # the whole study also sends the data, pretraining, study and report jobs to Slurm
@@ -99,14 +99,14 @@ def safetensors_content(path: Path) -> tuple[dict, bytes]:
 
 
 def targets(cfg: dict) -> list[str]:
-    """Metrics files of one method at one shard count N > 1: its shard models, soup and ensemble;
+    """Metrics files of one method at one shard count N > 1: its shard models with their ensemble, and soup;
     with PIPELINE_SLURM_TEST_FULL=1 the whole study (`all`)."""
     if FULL:
         return ["all"]
     method = "fc" if "fc" in cfg["methods"] else next(iter(cfg["methods"]))
     n = next(n for n in cfg["shards"] if n > 1)
     base = f"results/metrics/evaluate/{method}/n{n}_s{cfg['seeds'][0]}"
-    return [f"{base}/shard{i}.parquet" for i in range(n)] + [f"{base}/{c}.parquet" for c in ("soup", "ensemble")]
+    return [f"{base}/{c}.parquet" for c in ("shards", "soup")]
 
 
 @pytest.fixture(scope="module")

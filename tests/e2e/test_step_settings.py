@@ -24,8 +24,8 @@ def cfg(tiny_study) -> dict:
     return validate_config(yaml.safe_load((tiny_study / "config.yaml").read_text()), count_samples=False)
 
 
-def shard_models(study: Path) -> list[str]:
-    return [str(study / "results" / "train" / "taft-1" / "n2_s0" / f"shard{i}.safetensors") for i in range(2)]
+def shard_models(study: Path, method: str = "taft-1") -> list[str]:
+    return [str(study / "results" / "train" / method / "n2_s0" / f"shard{i}.safetensors") for i in range(2)]
 
 
 def with_models(args, models: list[str]):
@@ -46,18 +46,51 @@ def test_compose_on_its_settings_alone_writes_the_studys_soup(tiny_study, cfg, t
     assert out.read_bytes() == soup.read_bytes()
 
 
-def test_the_ensemble_on_its_settings_alone_scores_as_the_studys(tiny_study, cfg, tmp_path):
-    from pipeline_src.steps import evaluate
-
+def evaluate_shards_args(tiny_study: Path, cfg: dict, out: Path, models: list[str], ensemble: bool,
+                         method: str = "taft-1"):
     results = tiny_study / "results"
-    out = tmp_path / "ensemble.parquet"
     args = step_args(cfg, inputs={"samples": results / "prepare" / "samples.parquet",
                                   "backbone": results / "pretrain" / "model.safetensors"},
-                     outputs={"metrics": out}, params={"model": "ensemble"}, wildcards=RUN, rule="evaluate_ensemble")
-    evaluate.main(with_models(args, shard_models(tiny_study)))
-    query = "SELECT metric, value FROM read_parquet('{}') ORDER BY metric"
-    study = results / "metrics" / "evaluate" / "taft-1" / "n2_s0" / "ensemble.parquet"
+                     outputs={"metrics": out}, params={"model": "shards", "ensemble": ensemble},
+                     wildcards={**RUN, "method": method}, rule="evaluate_shards")
+    return with_models(args, models)
+
+
+def test_the_shard_evaluation_on_its_settings_alone_scores_as_the_studys(tiny_study, cfg, tmp_path):
+    from pipeline_src.steps import evaluate
+
+    out = tmp_path / "shards.parquet"
+    evaluate.main(evaluate_shards_args(tiny_study, cfg, out, shard_models(tiny_study), ensemble=True))
+    query = "SELECT model, shard_id, metric, value FROM read_parquet('{}') ORDER BY ALL"
+    study = tiny_study / "results" / "metrics" / "evaluate" / "taft-1" / "n2_s0" / "shards.parquet"
     assert duckdb.sql(query.format(out)).fetchall() == duckdb.sql(query.format(study)).fetchall()
+
+
+@pytest.mark.parametrize("method", ["fc", "nlft-1", "taft-1", "last"])
+def test_shard_models_evaluated_together_score_as_each_alone(tiny_study, cfg, tmp_path, method):
+    """The batched job (N shard models, one prefix pass per batch, one copy of the frozen backbone)
+    writes the rows N per-shard jobs wrote: each shard model evaluated alone, by the same step
+    given only its own file; the ensemble's rows as the ensemble-only evaluation gives them."""
+    from pipeline_src.steps import evaluate
+
+    models = shard_models(tiny_study, method)
+    together = tmp_path / "together.parquet"
+    evaluate.main(evaluate_shards_args(tiny_study, cfg, together, models, ensemble=True, method=method))
+    alone = []
+    for i, model in enumerate(models):
+        evaluate.main(evaluate_shards_args(tiny_study, cfg, tmp_path / f"alone{i}.parquet", [model], ensemble=False,
+                                           method=method))
+        alone.append(tmp_path / f"alone{i}.parquet")
+    ens = evaluate_shards_args(tiny_study, cfg, tmp_path / "ensemble.parquet", models, ensemble=False, method=method)
+    ens.params["model"] = "ensemble"  # the ensemble's rows alone
+    evaluate.main(ens)
+    cols = "model, variant, shards, shard_id, seed, split, metric, num_samples, experiment, dataset, method, kind"
+    query = f"SELECT {cols}, value FROM read_parquet({{}}) ORDER BY ALL"
+    got = duckdb.sql(query.format(f"'{together}'")).fetchall()
+    want = duckdb.sql(query.format([str(p) for p in [*alone, tmp_path / "ensemble.parquet"]])).fetchall()
+    assert [r[:-1] for r in got] == [r[:-1] for r in want]
+    assert {r[0] for r in got} == {"shard", "ensemble"} and {r[3] for r in got} == {0, 1, None}
+    assert [r[-1] for r in got] == pytest.approx([r[-1] for r in want], rel=1e-6, abs=1e-9)
 
 
 def study_metrics(path: Path) -> list[tuple]:
@@ -141,5 +174,5 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
     assert soups == {f"results/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
         "results/compose/taft-1/n3_s0/soup.safetensors"}
-    ensembles = [out for out in planned if out.endswith("/ensemble.parquet")]
-    assert len(ensembles) == len(methods)
+    ensembles = [out for out in planned if out.startswith("results/metrics/evaluate/") and "/n2_s0/shards" in out]
+    assert len(ensembles) == len(methods)  # the shard evaluations that hold an ensemble (N = 2), not N = 1

@@ -15,7 +15,7 @@ from tests.conftest import snakemake
 
 pytestmark = pytest.mark.e2e
 METRICS = [f"results/metrics/evaluate/{m}/n2_s0/{p}.parquet" for m in ("nlft-1",)
-           for p in ("shard0", "shard1", "soup")]
+           for p in ("shards", "soup")]
 
 
 def make_manifest(root: Path) -> Path:

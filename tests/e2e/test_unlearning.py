@@ -185,7 +185,7 @@ def test_dry_run_after_a_forget_request_plans_only_affected_shards(study):
     for m in ("taft-1", "nlft-1"):
         assert f"results/train/{m}/n2_s0/shard1.safetensors" in outputs
         assert f"results/compose/{m}/n2_s0/soup.safetensors" in outputs
-        assert f"results/metrics/evaluate/{m}/n2_s0/shard1.parquet" in outputs
+        assert f"results/metrics/evaluate/{m}/n2_s0/shards.parquet" in outputs  # the method's N shards: one job
     for s in set(range(3)) - hit3:
         assert f"n3_s0/shard{s}.safetensors" not in outputs and f"n3_s0/shard{s}.parquet" not in outputs
     assert not re.search(r"n2_s0/shard0|results/prepare/|results/pretrain/|results/features/|manifest\.parquet", outputs)

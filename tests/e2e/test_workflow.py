@@ -102,16 +102,19 @@ def test_report_has_the_per_rule_efficiency_table(study):
     assert "(efficiency.md)" in (report / "index.md").read_text()
     df = duckdb.read_csv(str(report / "efficiency.csv")).df().set_index("rule")
     jobs = list((study / "results" / "logs").rglob("*.bench.tsv"))
-    assert df.jobs.sum() == len(jobs) and {"prepare", "pretrain", "train", "evaluate_ensemble"} <= set(df.index)
-    for rule in ("pretrain", "features", "train", "train_vectorized_taft-1-vec_n2", "evaluate_shard",
-                 "evaluate_ensemble", "last_grid"):
+    assert df.jobs.sum() == len(jobs) and {"prepare", "pretrain", "train", "evaluate_shards"} <= set(df.index)
+    for rule in ("pretrain", "features", "train", "train_vectorized_taft-1-vec_n2", "evaluate_shards",
+                 "evaluate_soup", "last_grid"):
         r = df.loc[rule]
         assert r.images > 0 and r.images_per_s > 0 and r.gflop_per_image > 0 and r.gflop_per_s > 0, rule
         assert 0 < r.peak_pct and r.peak_gflop_per_s > 0, rule
-    # an ensemble job counts each test image once (one prefix pass for its shard models)
+        assert 0 < r.outside_step_s < r.wall_s, rule  # the fixed cost of its jobs: start, imports, load
+    # one evaluation job per method, N and seed counts each test image once (one prefix pass for its shard models)
     test_images = duckdb.sql(f"""SELECT any_value(num_samples) FROM read_parquet('{study}/results/metrics/evaluate/**/*.parquet')
                                  WHERE model = 'ensemble'""").fetchall()[0][0]
-    assert df.loc["evaluate_ensemble"].images == test_images * df.loc["evaluate_ensemble"].jobs
+    cfg = yaml.safe_load((study / "config.yaml").read_text())
+    assert df.loc["evaluate_shards"].jobs == len(cfg["methods"]) * len(cfg["shards"]) * len(cfg["seeds"])
+    assert df.loc["evaluate_shards"].images == test_images * df.loc["evaluate_shards"].jobs
     assert abs(df.wall_share_pct.sum() - 100) < 1e-6
     # every job's exact peak, from the fork server's wait4: a child holds the server's torch pages
     assert not [j for j in jobs if not j.with_name(j.name.removesuffix(".bench.tsv") + ".rss.json").exists()]

@@ -53,8 +53,8 @@ PRIVATE = {"protocol": "ours", "method": "taft-1", "regime": "fc", "eps": "1", "
 # (rule, wildcards, a key the rule does not read, a key it reads, that key's new value)
 CASES = [
     ("compose", {}, "train.epochs", "compose_weights", "size"),
-    ("evaluate_shard", {}, "compose_weights", "experiment", "renamed"),
-    ("evaluate_ensemble", {}, "train.eval_batch_size", "compose_weights", "size"),
+    ("evaluate_shards", {"shards": "1"}, "compose_weights", "experiment", "renamed"),  # no ensemble at N = 1
+    ("evaluate_shards", {"shards": "2"}, "train.eval_batch_size", "compose_weights", "size"),  # its ensemble's
     ("prepare", {}, "train.epochs", "dataset.limit_per_class", 7),
     ("pretrain", {}, "train.epochs", "backbone.pretrain", {"epochs": 3}),
     ("features", {}, "train.num_workers", "features.dtype", "bfloat16"),

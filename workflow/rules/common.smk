@@ -187,16 +187,22 @@ def shard_models(w):
     return [f"{R}/train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
 
 
+def evaluates_ensemble(shards):
+    """Whether the `evaluate_shards` job of N shards also writes their ensemble's rows."""
+    return int(shards) > 1 and "ensemble" in config["compositions"]
+
+
 def evaluation_targets():
-    """Every metrics file of the study: each shard model, and each composition for N > 1."""
+    """Every metrics file of the study: the shard models (and their ensemble) of each method, N
+    and seed in one file, and the soup's for N > 1."""
     out = []
     for m in METHODS:
         for n in variant_shards(config, m):  # a search's grid point: only where the search runs
             for s in SEEDS:
                 base = f"{R}/metrics/evaluate/{m}/n{n}_s{s}"
-                out += [f"{base}/shard{i}.parquet" for i in range(n)]
-                if n > 1:
-                    out += [f"{base}/{c}.parquet" for c in config["compositions"]]
+                out.append(f"{base}/shards.parquet")
+                if n > 1 and "soup" in config["compositions"]:
+                    out.append(f"{base}/soup.parquet")
     return out
 
 

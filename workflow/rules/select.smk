@@ -20,8 +20,7 @@ rule validate:
     conda:
         "../envs/pipeline.yaml"
     params:
-        model=lambda w: w.model,
-        shard_id=lambda w: 0 if w.model == "shard" else None,
+        model=lambda w: "shards" if w.model == "shard" else w.model,  # a full-data model: one shard
         split="val",
         settings=step_settings("validate"),
     script:
