@@ -47,7 +47,7 @@ def test_report_shows_the_choice_and_the_selected_points_test_accuracy_in_the_ta
     table = (report / "search_selection.md").read_text()
     chosen = _choices(study / "results", "taft-1")[0]
     assert chosen["shards"] == 1 and chosen["candidate"] in table
-    test = pq.read_table(study / "results" / "metrics" / "evaluate" / chosen["candidate"] / "n1_s0" / "shard0.parquet")
+    test = pq.read_table(study / "results" / "metrics" / "evaluate" / chosen["candidate"] / "n1_s0" / "shards.parquet")  # N = 1: shard 0 only
     acc = dict(zip(test.column("metric").to_pylist(), test.column("value").to_pylist()))["accuracy"]
     table1 = (report / "table1_methods.csv").read_text()
     assert f"taft-1,{acc}" in table1.replace(" ", "")  # Table 1's taft-1 is the selected point
