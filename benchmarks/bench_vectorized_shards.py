@@ -8,7 +8,7 @@ weights), features as its cache holds them (float32), batch 32, one epoch. Cases
 of `--repeats`. The vectorized path pays when its time is below `separate` plus the N - 1 job
 starts it saves (README "Where a study's time goes": about 0.6 s a job outside its step).
 
-    python benchmarks/bench_vectorized_shards.py [--quick] [--threads 1]
+    python benchmarks/bench_vectorized_shards.py [--quick] [--threads 1] [--shards 2,10,25 --sizes 32,96,400]
 """
 from __future__ import annotations
 
@@ -79,13 +79,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--shards", default="2,10,25", help="shard counts N, comma-separated")
+    ap.add_argument("--sizes", default="32,96,400", help="samples per shard, comma-separated")
     ap.add_argument("--out", default="results/benchmarks")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.quick:
         counts, sizes, repeats = [2, 4], [32], 1
     else:
-        counts, sizes, repeats = [2, 10, 25], [32, 96, 400], args.repeats
+        counts, sizes = [int(v) for v in args.shards.split(",")], [int(v) for v in args.sizes.split(",")]
+        repeats = args.repeats
     rows = run(args.methods.split(","), counts, sizes, repeats)
     print(write_benchmark_rows("vectorized_shards", rows, args.out))
 

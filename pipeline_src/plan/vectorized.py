@@ -1,9 +1,9 @@
 """Which shard models train in one vectorized job per (method, N, seed), and which in per-shard
 `train` jobs (workflow/rules/train.smk), at DAG-build time without torch.
 
-- A method's `vectorized_shards` (true, false or auto) says whether its first training of N
-  shards is one job (`steps/train_vectorized.py`). `auto` picks it where the benchmark
-  (benchmarks/bench_vectorized_shards.py, README "Training shards together") found it pays.
+- A method's `vectorized_shards` (true, false or auto, the default) says whether its first
+  training of N shards is one job (`steps/train_vectorized.py`). `auto` picks it where the
+  benchmark found it pays (`auto_pays`).
 - The vectorized job trains the shards that no forget request touches; a touched shard
   retrains alone in a per-shard job, and only it. The vectorized job's outputs are exactly the
   untouched shards' files, and the per-shard rule is kept off them (`train_method_constraint`),
@@ -19,9 +19,21 @@ from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import forgotten_in_shard, shard_members
 
 VECTORIZED_KINDS = ("fc", "nlft", "last", "taft")  # kinds with a vectorized path (not full: no cache)
-# `auto`: measured on the 2-core CPU (README "Training shards together"): stacked training beat
-# N separate trainings, start costs aside, for every measured shard size up to this one.
-AUTO_MAX_SHARD_SIZE = 400
+AUTO_KINDS = ("fc", "nlft", "last")  # those `auto` was measured for (benchmarks/bench_vectorized_shards.py)
+DEFAULT = "auto"
+
+
+def auto_pays(shards: int, mean_shard_size: float) -> bool:
+    """`auto`'s rule, from benchmarks/bench_vectorized_shards.py on the 2-core CPU (README "Training
+    shards together"): stacked training took 0.1-1.0x the compute of N separate trainings, and saves
+    N - 1 job starts (~0.6 s each), except at N = 2-4 with 400-sample shards (1.1-1.4x: 30 epochs
+    lose more than the starts saved). Larger shards were not measured: per-shard jobs there.
+
+    Args:
+        shards: N.
+        mean_shard_size: training samples / N.
+    """
+    return shards >= 2 and (mean_shard_size <= 200 or (shards >= 10 and mean_shard_size <= 400))
 
 
 def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
@@ -32,15 +44,16 @@ def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
         method: a key of `methods`.
         shards: N.
     """
-    setting = cfg["methods"][method].get("vectorized_shards", False)
-    if not setting or kind_of(cfg["methods"][method]).name not in VECTORIZED_KINDS:
+    method_cfg = cfg["methods"][method]
+    setting, kind = method_cfg.get("vectorized_shards", DEFAULT), kind_of(method_cfg).name
+    if not setting or kind not in VECTORIZED_KINDS:
         return False
     if setting == "auto":
-        if shards < 2:
-            return False
+        if kind not in AUTO_KINDS or shards < 2 or cfg["train"]["augment"]["enabled"] or not cfg["features"]["cache"]:
+            return False  # augmentation needs per-shard jobs; auto was measured from cached features
         unforgotten = {**cfg, "forget": {**cfg["forget"], "requests": None}}  # a request must not flip the choice
-        largest = max(len(shard_members(unforgotten, shards, s, i)) for s in cfg["seeds"] for i in range(shards))
-        return largest <= AUTO_MAX_SHARD_SIZE
+        total = sum(len(shard_members(unforgotten, shards, seed, i)) for seed in cfg["seeds"] for i in range(shards))
+        return auto_pays(shards, total / (shards * len(cfg["seeds"])))
     return True
 
 
