@@ -18,8 +18,6 @@ import re
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import forgotten_in_shard, shard_members
 
-VECTORIZED_KINDS = ("fc", "nlft", "last", "taft")  # kinds with a vectorized path (not full: no cache)
-AUTO_KINDS = ("fc", "nlft", "last")  # those `auto` was measured for (benchmarks/bench_vectorized_shards.py)
 DEFAULT = "auto"
 
 
@@ -45,11 +43,11 @@ def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
         shards: N.
     """
     method_cfg = cfg["methods"][method]
-    setting, kind = method_cfg.get("vectorized_shards", DEFAULT), kind_of(method_cfg).name
-    if not setting or kind not in VECTORIZED_KINDS:
+    setting, kind = method_cfg.get("vectorized_shards", DEFAULT), kind_of(method_cfg)
+    if not setting or not kind.vectorized:
         return False
     if setting == "auto":
-        if kind not in AUTO_KINDS or shards < 2 or cfg["train"]["augment"]["enabled"] or not cfg["features"]["cache"]:
+        if not kind.auto_vectorized or shards < 2 or cfg["train"]["augment"]["enabled"] or not cfg["features"]["cache"]:
             return False  # augmentation needs per-shard jobs; auto was measured from cached features
         unforgotten = {**cfg, "forget": {**cfg["forget"], "requests": None}}  # a request must not flip the choice
         total = sum(len(shard_members(unforgotten, shards, seed, i)) for seed in cfg["seeds"] for i in range(shards))
