@@ -1,5 +1,5 @@
-"""Benchmark: N shard models of fc, nlft-1 and last trained stacked in one call
-(`methods.vectorized.train_shards_vectorized`) against the same N trained one after another by the
+"""Benchmark: N shard models of fc, nlft-1, last and taft-1 trained stacked in one call
+(`methods.vectorized.train_shards_vectorized`; taft: `taft.train.train_tangent_vectorized`) against the same N trained one after another by the
 method's own `train` (what N per-shard jobs compute, without their fixed cost of start and load).
 
 The backbone is the Fashion-MNIST study's (28 px, patch 7, D 96, depth 4, 4 heads; random
@@ -23,13 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
-from pipeline_src.methods.registry import build_tuned_model, get_method  # noqa: E402
+from pipeline_src.methods.registry import build_tuned_model, get_method, taft_options  # noqa: E402
 from pipeline_src.methods.vectorized import train_shards_vectorized  # noqa: E402
 from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows  # noqa: E402
+from pipeline_src.taft.train import train_tangent_vectorized  # noqa: E402
 
 ARCH = dict(img_size=28, patch_size=7, in_chans=1, num_classes=5, embed_dim=96, depth=4, num_heads=4, mlp_ratio=2.0)
 METHODS = {"fc": {"kind": "fc"}, "nlft-1": {"kind": "nlft", "k": 1},
-           "last": {"kind": "last", "rank": 16, "heads": 4, "every": 2, "modules_per_block": 2}}
+           "last": {"kind": "last", "rank": 16, "heads": 4, "every": 2, "modules_per_block": 2},
+           "taft-1": {"kind": "taft", "k": 1, "kappa": 15}}
 SETTINGS = {"epochs": 1, "batch_size": 32, "lr": 1e-3, "weight_decay": 0.0, "schedule": None}
 
 
@@ -53,8 +55,15 @@ def run(methods: list[str], counts: list[int], sizes: list[int], repeats: int) -
                                                       settings, i, "bench")
 
                 def vectorized() -> None:
-                    train_shards_vectorized(build_tuned_model(backbone, cfg, 5, seed=0), cfg, shards, settings,
-                                            list(range(n)))
+                    fresh = build_tuned_model(backbone, cfg, 5, seed=0)
+                    if cfg["kind"] == "taft":  # its own vectorized trainer, as steps/train_vectorized.py calls it
+                        o = taft_options(cfg)
+                        train_tangent_vectorized(fresh, shards, epochs=SETTINGS["epochs"],
+                                                 batch_size=SETTINGS["batch_size"], lr=SETTINGS["lr"],
+                                                 weight_decay_l2=o["l2"], loss=o["loss"], alpha=o["alpha"],
+                                                 kappa=o["kappa"], radius=o["radius"], seed=list(range(n)))
+                    else:
+                        train_shards_vectorized(fresh, cfg, shards, settings, list(range(n)))
 
                 times: dict[str, list[float]] = {"separate": [], "vectorized": []}
                 for _ in range(repeats):  # interleaved: both cases see the same machine load

@@ -43,7 +43,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("fc", vectorized=True, auto_vectorized=True),
     Kind("nlft", required=("k",), tuned_blocks=True, private=True, fusable=True, vectorized=True, auto_vectorized=True),
     Kind("full"),
-    Kind("taft", required=("k",), tuned_blocks=True, tangent=True, private=True, vectorized=True),
+    Kind("taft", required=("k",), tuned_blocks=True, tangent=True, private=True, vectorized=True,
+         auto_vectorized=True),
     Kind("last", required=("rank", "heads"), private=True, fusable=True, side=True, vectorized=True,
          auto_vectorized=True),
 )}

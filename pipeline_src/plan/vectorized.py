@@ -24,8 +24,9 @@ DEFAULT = "auto"
 def auto_pays(shards: int, mean_shard_size: float) -> bool:
     """`auto`'s rule, from benchmarks/bench_vectorized_shards.py on the 2-core CPU (README "Training
     shards together"): stacked training took 0.1-1.0x the compute of N separate trainings, and saves
-    N - 1 job starts (~0.6 s each), except at N = 2-4 with 400-sample shards (1.1-1.4x: 30 epochs
-    lose more than the starts saved). Larger shards were not measured: per-shard jobs there.
+    N - 1 job starts (~0.6 s each), except at N = 2-4 with 200-400-sample shards (nlft, taft:
+    1.1-1.4x; over 30 epochs that loses more than the starts saved). Larger shards were not
+    measured: per-shard jobs there.
 
     Args:
         shards: N.

@@ -35,8 +35,8 @@ def test_auto_by_kind_and_shard_size_explicit_choices_win():
                            "taft": {"kind": "taft", "k": 1}, "taft-on": {"kind": "taft", "k": 1, "vectorized_shards": True},
                            "full": {"kind": "full"}})
     on = {(m, n) for m in cfg["methods"] for n in cfg["shards"] if is_vectorized(cfg, m, n)}
-    # auto: N = 4 (~132 a shard) pays, N = 2 (~264) does not, N = 1 never; taft only when asked
-    assert on == {("fc", 4), ("last", 4), ("taft-on", 1), ("taft-on", 2), ("taft-on", 4)}
+    # auto: N = 4 (~132 a shard) pays, N = 2 (~264) does not, N = 1 never; full has no vectorized path
+    assert on == {("fc", 4), ("last", 4), ("taft", 4), ("taft-on", 1), ("taft-on", 2), ("taft-on", 4)}
     assert {(m, n) for m, n, _, _ in vectorized_jobs(cfg)} == on
 
 
