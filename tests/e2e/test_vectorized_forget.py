@@ -1,4 +1,4 @@
-"""Vectorized first training of fc, nlft and last shards through Snakemake, then a forget request:
+"""Vectorized first training of fc, nlft, last and taft shards through Snakemake, then a forget request:
 only the touched shard retrains, in a per-shard `train` job; the vectorized job does not rerun."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pipeline_src.store.model_io import load_model
 from tests.conftest import REPO, planned_outputs, snakemake
 
 pytestmark = pytest.mark.e2e
-VECTORIZED = ("fc", "nlft-1", "last")
+VECTORIZED = ("fc", "nlft-1", "last", "taft-1")
 TARGETS = [f"results/train/{m}/n3_s0/shard{i}.safetensors" for m in (*VECTORIZED, "nlft-1-alone") for i in range(3)]
 
 
@@ -26,7 +26,8 @@ def _config(requests: str | None = None) -> dict:
     cfg["methods"] = {"fc": {"kind": "fc", "vectorized_shards": True},
                       "nlft-1": {"kind": "nlft", "k": 1, "vectorized_shards": "auto"},  # shards of ~90 < 400
                       "nlft-1-alone": {"kind": "nlft", "k": 1},
-                      "last": {"kind": "last", "rank": 8, "heads": 2, "vectorized_shards": True}}
+                      "last": {"kind": "last", "rank": 8, "heads": 2, "vectorized_shards": True},
+                      "taft-1": {"kind": "taft", "k": 1}}  # auto
     cfg["shards"], cfg["fusion"], cfg["last_grid"] = [3], {"enabled": False}, {"enabled": False}
     cfg["forget"] = {"requests": requests, "study": {"enabled": False}}
     return cfg
