@@ -9,9 +9,12 @@ import re
 import time
 from pathlib import Path
 
+import torch
+
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import taft_options
 from pipeline_src.methods.vectorized import train_shards_vectorized
+from pipeline_src.runner.runtime import use_bf16
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import TrainingJob, load_job, shard_seed
 from pipeline_src.taft.train import train_tangent_vectorized
@@ -33,17 +36,19 @@ def main(args: StepArgs) -> None:
     args.wildcards.update(method=args.params["method"], shards=str(args.params["shards"]),
                           seed=str(args.params["seed"]))
     job = load_job(args)
+    job.bf16 = use_bf16(job.settings["precision"], job.device)  # as the per-shard `train` step
     shards = output_shards(list(args.output.models))
     model = job.new_model()
     t0 = time.perf_counter()
     data = [job.shard_data(model, i) for i in shards]
     seeds = [shard_seed(job.seed, i) for i in shards]
-    if kind_of(job.method_cfg).tangent:
-        states = _train_taft(job, model, data, seeds)
-    else:
-        res = train_shards_vectorized(model, job.method_cfg, [(f, y) for _, f, y in data],
-                                      {**job.settings, "method": job.method_cfg}, seeds, _progress(job))
-        states = [(r["state"], r["stats"]) for r in res]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=job.bf16):
+        if kind_of(job.method_cfg).tangent:
+            states = _train_taft(job, model, data, seeds)
+        else:
+            res = train_shards_vectorized(model, job.method_cfg, [(f, y) for _, f, y in data],
+                                          {**job.settings, "method": job.method_cfg}, seeds, _progress(job))
+            states = [(r["state"], r["stats"]) for r in res]
     wall = (time.perf_counter() - t0) / len(shards)
     for i, path, (ids, _, _), (state, stats) in zip(shards, args.output.models, data, states):
         job.save(state, i, ids, {**stats, "vectorized_over_shards": len(shards)}, wall, path)

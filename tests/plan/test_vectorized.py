@@ -63,3 +63,4 @@ def test_the_per_shard_rule_is_kept_off_exactly_the_vectorized_files():
         assert not pattern.match(f"results/train/fc/n4_s0/shard{i}.safetensors")
         assert not pattern.match(f"results/train/fc/n4_s0/shard{i}.json")
     assert train_method_constraint(["fc"], []) == "(?:fc)"
+
