@@ -203,12 +203,25 @@ def train_last(model: SideTuned, features, labels, settings: dict, seed: int, de
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
                                progress=progress, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
-    n, b = min(512, len(labels)), settings["batch_size"]
-    with torch.no_grad():  # a training batch at a time: the job's memory stays that of one batch
-        loss = sum(F.cross_entropy(model.forward_from_prefix(features[torch.arange(s, min(s + b, n))]),
-                                   labels[s:min(s + b, n)], reduction="sum").item() for s in range(0, n, b)) / n
+    loss = first_samples_loss(model, features, labels, settings["batch_size"])
     print(f"{desc}: final training loss (first 512 samples) {loss:.4f}", flush=True)
     return {"train_loss": loss}
+
+
+@torch.no_grad()
+def first_samples_loss(model: TunedModel, features, labels: torch.Tensor, batch_size: int, n: int = 512) -> float:
+    """Mean cross-entropy of the model on the first `n` training samples, a training batch at a
+    time (the job's memory stays that of one batch): LAST's reported training loss.
+
+    Args:
+        model: the trained tuned model.
+        features, labels: its training data (features index like a tensor).
+        batch_size: samples per forward.
+        n: samples scored (fewer when the shard is smaller).
+    """
+    n, b = min(n, len(labels)), batch_size
+    return sum(F.cross_entropy(model.forward_from_prefix(features[torch.arange(s, min(s + b, n))]),
+                               labels[s:min(s + b, n)], reduction="sum").item() for s in range(0, n, b)) / n
 
 
 register_method(Method(

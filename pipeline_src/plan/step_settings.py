@@ -90,7 +90,7 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     # training as steps/train.load_job: the train block (less RUN_ONLY), the method, the head seed;
     # the image size and channels for augmentation
     "train": _TRAINING,
-    "train_vectorized": _TRAINING,  # one rule per method and N: `{method}` is passed in as a wildcard
+    "train_vectorized": _TRAINING,  # one rule per method, N and seed: `{method}` is passed in as a wildcard
     "fusion_train": _TRAINING,
     "last_grid": (*_TRAINING, "dataset.source", "last_grid"),  # the grid's points vary the base method
     "fusion_match": (*LABELS, "fusion.blocks", "fusion.match_ffn"),
@@ -116,7 +116,7 @@ class SettingsError(KeyError):
     """A rule without settings, or a key it needs that the config lacks."""
 
 
-VECTORIZED_RULE = "train_vectorized_"  # train_vectorized_{method}_n{N} (train.smk)
+VECTORIZED_RULE = "train_vectorized_"  # train_vectorized_{method}_n{N}_s{seed} (train.smk)
 
 
 def settings_rule(rule: str) -> str:

@@ -51,7 +51,9 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
                                                  "in_chans": 1, "source_classes": [0, 1]},
            "backbone": {"source": "pretrain", "arch": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
                         "pretrain": {"epochs": 1, "batch_size": 64}},
-           "train": {"epochs": 1, "batch_size": 64}, "methods": {"fc": {"kind": "fc"}}, "shards": [N]}
+           "train": {"epochs": 1, "batch_size": 64}, "shards": [N],
+           # per-shard jobs: new data reruns a vectorized job (all N shards) whole (README "Training shards together")
+           "methods": {"fc": {"kind": "fc", "vectorized_shards": False}}}
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     run(workdir, *TARGETS)
     return workdir, cfg

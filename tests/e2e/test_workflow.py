@@ -103,7 +103,7 @@ def test_report_has_the_per_rule_efficiency_table(study):
     df = duckdb.read_csv(str(report / "efficiency.csv")).df().set_index("rule")
     jobs = list((study / "results" / "logs").rglob("*.bench.tsv"))
     assert df.jobs.sum() == len(jobs) and {"prepare", "pretrain", "train", "evaluate_shards"} <= set(df.index)
-    for rule in ("pretrain", "features", "train", "train_vectorized_taft-1-vec_n2", "evaluate_shards",
+    for rule in ("pretrain", "features", "train", "train_vectorized_taft-1-vec_n2_s0", "evaluate_shards",
                  "evaluate_soup", "last_grid"):
         r = df.loc[rule]
         assert r.images > 0 and r.images_per_s > 0 and r.gflop_per_image > 0 and r.gflop_per_s > 0, rule

@@ -26,6 +26,7 @@ from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
 from pipeline_src.plan.search import variant_shards
 from pipeline_src.plan.step_settings import settings_for
+from pipeline_src.plan.vectorized import train_method_constraint, vectorized_jobs
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
@@ -62,7 +63,7 @@ onstart:
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
-VECTORIZED_METHODS = [m for m, c in config["methods"].items() if c.get("vectorized_shards")]
+VECTORIZED_JOBS = vectorized_jobs(config)  # (method, N, seed, shards) trained in one job each (`plan/vectorized.py`)
 SHARDS = config["shards"]
 SEEDS = config["seeds"]
 RES = config["resources"]
@@ -136,6 +137,21 @@ def shard_job_inputs(w, signature):
     rerun shards whose members did not change (the shard manifest job has no inputs: forget.smk)."""
     inputs = {k: v if k == "manifest" else ancient(v) for k, v in train_inputs(w).items()}
     return {**inputs, "signature": signature_path(signature), "upstream": signature_path("upstream")}
+
+
+def vectorized_job_inputs(method_name, shards, seed, trained):
+    """A vectorized training job's inputs: as a shard job's (`shard_job_inputs`), with all N
+    manifests in shard order, those of shards it does not train (touched by a forget request) as
+    `ancient`: a request then changes neither its inputs nor their times, and the shards it
+    trained do not rerun (`plan/vectorized.py`)."""
+    inputs = {k: ancient(v) for k, v in train_inputs_of(method_name, shards, seed).items() if k != "manifest"}
+    manifests = [m if i in trained else ancient(m) for i, m in enumerate(shard_manifests(shards, seed))]
+    return {
+        **inputs,
+        "manifest": manifests,
+        "signature": signature_path(f"train-{method_name}"),
+        "upstream": signature_path("upstream"),
+    }
 
 
 def signature_path(name):
