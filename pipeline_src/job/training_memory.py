@@ -15,57 +15,11 @@ beside it.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
-
-import torch
 from torch import nn
 
-from pipeline_src.job.counters import ACTIVATIONS
+from pipeline_src.job.counters import ACTIVATIONS, saved_activation_bytes  # noqa: F401  (re-exported)
 
 ADAMW_STATES = 2  # exp_avg, exp_avg_sq per trainable parameter
-
-
-@contextmanager
-def saved_activation_bytes() -> Iterator[list[int]]:
-    """Sum the bytes autograd saves for backward inside the block (a one-item list, filled as it runs).
-
-    Parameters and views of parameters are weights, not activations: left out. A storage saved by
-    several ops counts once.
-    """
-    seen: set[int] = set()
-    total = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._base is not None else t
-        if not isinstance(base, nn.Parameter):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total[0] += storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield total
-
-
-def measure_first_batch(images: int):
-    """A context for one training batch: measures its saved activations if no batch of this job has."""
-    if ACTIVATIONS["bytes"] is not None or images <= 0:
-        return _nothing()
-    return _measure(images)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
-@contextmanager
-def _measure(images: int) -> Iterator[None]:
-    with saved_activation_bytes() as total:
-        yield
-    ACTIVATIONS.update(bytes=total[0], batch=images)
 
 
 def _bytes(tensors) -> int:

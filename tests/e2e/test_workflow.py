@@ -113,7 +113,8 @@ def test_report_has_the_per_rule_efficiency_table(study):
     test_images = duckdb.sql(f"""SELECT any_value(num_samples) FROM read_parquet('{study}/results/metrics/evaluate/**/*.parquet')
                                  WHERE model = 'ensemble'""").fetchall()[0][0]
     cfg = yaml.safe_load((study / "config.yaml").read_text())
-    assert df.loc["evaluate_shards"].jobs == len(cfg["methods"]) * len(cfg["shards"]) * len(cfg["seeds"])
+    methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
+    assert df.loc["evaluate_shards"].jobs == len(methods) * len(cfg["shards"]) * len(cfg["seeds"])
     assert df.loc["evaluate_shards"].images == test_images * df.loc["evaluate_shards"].jobs
     assert abs(df.wall_share_pct.sum() - 100) < 1e-6
     # every job's exact peak, from the fork server's wait4: a child holds the server's torch pages
