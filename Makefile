@@ -1,5 +1,6 @@
 # Two commands do all the set-up:
-#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
+#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES);
+#                its results land in results/<experiment>/ (docs/studies.md), and it says where
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
 # and one for the real-data study (README "The Fashion-MNIST study"):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
@@ -39,6 +40,7 @@ check-lock: install
 
 study: install
 	$(BIN)/snakemake --cores $(CORES)
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where)/ (report: report/index.md)"
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
@@ -50,6 +52,7 @@ study-fashion: install
 			echo "then: make study-fashion"; exit 1; fi; \
 	fi
 	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_mnist.yaml)/ (report: report/index.md)"
 
 test: check-lock
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
@@ -76,5 +79,6 @@ conda-env:
 golden: install
 	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/e2e/test_golden.py
 
+# Every study's results (results/<experiment>/ for each) and Snakemake's metadata.
 clean-results:
 	rm -rf results/* .snakemake
