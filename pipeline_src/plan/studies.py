@@ -45,6 +45,12 @@ def study_results(experiment: object, root: str = RESULTS) -> str | None:
     return f"{root}/{experiment}"
 
 
+def slurm_jobname_prefix(experiment: str) -> str:
+    """The Slurm job-name prefix of a study's jobs (the plugin allows letters, digits, '_' and
+    '-', at most 50 characters): two studies on one cluster are told apart by `squeue`."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", experiment)[:50]
+
+
 def old_layout(root: str | Path = RESULTS) -> list[str]:
     """The old-layout files found directly under `root` (empty: none)."""
     return [f"{root}/{m}" for m in OLD_MARKERS if (Path(root) / m).is_file()]
@@ -90,8 +96,25 @@ def resolve_study(study: str | None = None, configfile: str | Path | None = None
     if path is None:
         raise SystemExit(f"'{name}' is not a study name (letters, digits, '_', '.', '-')")
     if not Path(path).is_dir():
+        if old_layout(root):
+            raise SystemExit(old_layout_error(root, name))
         raise SystemExit(f"no study '{name}' under {root}/ (there: {', '.join(list_studies(root)) or 'none'})")
     return Path(path)
+
+
+def add_study_args(parser: argparse.ArgumentParser) -> None:
+    """The `--study` / `--configfile` options of a command that reads one study's files."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--study", help="the study's name (its experiment): paths are under results/<study>/")
+    which.add_argument("--configfile", help="a study's config: paths are under results/<its experiment>/")
+
+
+def in_study(path: str, ns: argparse.Namespace) -> str:
+    """`path` inside the study that `--study` or `--configfile` names (e.g. `compose/x/soup.safetensors`
+    → `results/<study>/compose/x/soup.safetensors`); as given without either option."""
+    if not (ns.study or ns.configfile):
+        return path
+    return str(resolve_study(ns.study, ns.configfile) / path)
 
 
 def list_studies(root: str | Path = RESULTS) -> list[str]:
