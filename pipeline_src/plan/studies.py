@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--configfile", default="config.yaml")
     move = sub.add_parser("move-old-layout", help="move results/<step>/ into results/<experiment>/<step>/")
     move.add_argument("--study", help="the study's name (its config's experiment)")
-    move.add_argument("--configfile", help="the study's config (default: config.yaml)")
+    move.add_argument("--configfile", help="the study's config (default: config.yaml of --directory)")
     move.add_argument("--directory", default=".", help="the workflow's working directory")
     ns = parser.parse_args(argv)
     if ns.cmd == "list":
@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "where":
         print(study_results(experiment_of(ns.configfile)))
         return 0
-    print(move_old_layout(ns.study or experiment_of(ns.configfile or "config.yaml"), ns.directory))
+    # The default study is the one whose config.yaml is in the working directory, as for Snakemake.
+    print(move_old_layout(ns.study or experiment_of(ns.configfile or Path(ns.directory) / "config.yaml"), ns.directory))
     return 0
 
 

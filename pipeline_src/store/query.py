@@ -5,8 +5,8 @@ several side by side (`pipeline_src/store/studies_db.py`; the layout: docs/studi
                                   WHERE metric = 'accuracy' GROUP BY ALL ORDER BY ALL"
     python -m pipeline_src.store.query --study fashion-mnist --format csv "SELECT * FROM models" > models.csv
     python -m pipeline_src.store.query --configfile my_study.yaml --views   # list views and their columns
-    python -m pipeline_src.store.query --studies "SELECT experiment, method, avg(value) FROM metrics
-                                  WHERE metric = 'accuracy' GROUP BY ALL"   # every study; or --studies a b
+    python -m pipeline_src.store.query --all-studies "SELECT experiment, method, avg(value) FROM metrics
+                                  WHERE metric = 'accuracy' GROUP BY ALL"   # or --studies a,b
     python -m pipeline_src.store.query --compare digits-transfer fashion-mnist claims   # a report table side by side
 
 The study is the one named by --study, else the `experiment` of --configfile, else config.yaml's.
@@ -29,9 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--study", help="the study's name (its experiment): results/<study>")
     which.add_argument("--configfile", help="a study's config: the study named by its experiment")
     which.add_argument("--results", help="a study's results folder, given as a path")
-    which.add_argument("--studies", nargs="*", metavar="STUDY",
-                       help="several studies (none named: all): each view holds every study's rows, with an "
-                            "`experiment` column; each study's own views are in a schema of its name")
+    which.add_argument("--all-studies", action="store_true",
+                       help="every study under --root: each view holds every study's rows, with an `experiment` "
+                            "column; each study's own views are in a schema of its name")
+    which.add_argument("--studies", metavar="A,B", help="these studies (comma-separated), as --all-studies")
     which.add_argument("--compare", nargs=3, metavar=("STUDY_A", "STUDY_B", "TABLE"),
                        help="one report table (report/<TABLE>.csv: claims, table1_methods, ...) of two studies side by side")
     parser.add_argument("--root", default=RESULTS, help=f"the folder of every study (default: {RESULTS})")
@@ -40,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.compare:
         return _print(compare_tables(ns.root, *ns.compare), ns.format)
-    if ns.studies is not None:
-        con = connect_studies(ns.root, ns.studies)
+    if ns.all_studies or ns.studies:
+        con = connect_studies(ns.root, ns.studies.split(",") if ns.studies else None)
     else:
         con = connect(ns.results or resolve_study(ns.study, ns.configfile, ns.root))
     if ns.views:
