@@ -147,7 +147,7 @@ def test_every_output_arrives(runs):
     # provenance store are written once and reused, by design, not rewritten by --forceall
     not_outputs = (".plan_cache", "provenance")
     redone = [p for step in steps for p in (results_of(local) / step).rglob("*")
-              if p.is_file() and not set(p.relative_toresults_of(local).parts) & set(not_outputs)]
+              if p.is_file() and not set(p.relative_to(results_of(local)).parts) & set(not_outputs)]
     assert len(redone) >= 2 + 2 + 2 + 4  # N=2 models and records, soup and record, 4 metrics files
     if FULL:
         assert (results_of(local) / "report" / "index.md") in redone
