@@ -118,14 +118,15 @@ def in_study(path: str, ns: argparse.Namespace) -> str:
 
 
 def list_studies(root: str | Path = RESULTS) -> list[str]:
-    """The names of the studies under `root`: its folders, less the shared ones and old-layout steps."""
+    """The names of the studies under `root`: its folders that a run wrote into (`prepare/`, `logs/`
+    or `metrics/`), less the shared ones and the steps of an old layout."""
     root = Path(root)
     if not root.is_dir():
         return []
     steps = {m.split("/")[0] for m in OLD_MARKERS} | {"metrics", "logs", "train", "compose", "split", "features"}
     legacy = bool(old_layout(root))
     return sorted(p.name for p in root.iterdir() if p.is_dir() and study_results(p.name)
-                  and not (legacy and p.name in steps))
+                  and not (legacy and p.name in steps) and any((p / d).is_dir() for d in ("prepare", "logs", "metrics")))
 
 
 def _rewrite(value, old: str, new: str):
@@ -195,7 +196,8 @@ def move_old_layout(experiment: str, workdir: str | Path = ".", root: str = RESU
     dest = workdir / dest_rel
     if dest.exists():
         raise SystemExit(f"{dest} exists already: move or delete it first")
-    entries = [p for p in (workdir / root).iterdir() if p.name not in SHARED and not p.name.startswith(".git")]
+    keep = set(SHARED) | set(list_studies(workdir / root))  # studies of the new layout stay where they are
+    entries = [p for p in (workdir / root).iterdir() if p.name not in keep and not p.name.startswith(".git")]
     dest.mkdir(parents=True)
     for p in entries:
         os.rename(p, dest / p.name)  # same file system: times and contents unchanged

@@ -13,6 +13,7 @@ import pytest
 from pipeline_src.plan.studies import (
     list_studies,
     move_metadata,
+    move_old_layout,
     old_layout_error,
     resolve_study,
     slurm_jobname_prefix,
@@ -62,6 +63,20 @@ def test_moving_metadata_renames_records_and_the_paths_they_hold(tmp_path):
     assert json.loads(new.read_text()) == {"input": ["results/s/prepare/samples.parquet", "/data/x"],
                                            "params": [{"dir": "results/s"}]}
     assert not kept.exists() and json.loads(_record(tmp_path / "e2", "elsewhere/y", {}).read_text()) == {}
+
+
+def test_moving_an_old_layout_keeps_shared_rows_and_new_studies_in_place(tmp_path):
+    for f in ("results/prepare/samples.parquet", "results/logs/prepare/prepare.log", "results/benchmarks/b.parquet",
+              "results/new/prepare/samples.parquet"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(f)
+    _record(tmp_path / ".snakemake" / "metadata", "results/prepare/samples.parquet", {"input": []})
+    assert move_old_layout("old", tmp_path).startswith("moved 2 entries of results/ into results/old/ and 1 ")
+    assert (tmp_path / "results/old/prepare/samples.parquet").read_text() == "results/prepare/samples.parquet"
+    assert (tmp_path / "results/old/logs/prepare/prepare.log").is_file()
+    assert (tmp_path / "results/benchmarks/b.parquet").is_file() and (tmp_path / "results/new/prepare").is_dir()
+    with pytest.raises(SystemExit, match="not in the old layout"):
+        move_old_layout("old", tmp_path)
 
 
 def _metrics(folder: Path, experiment: str, values: list[float]) -> None:
