@@ -1,5 +1,6 @@
 # Two commands do all the set-up:
-#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
+#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES);
+#                its results land in results/<experiment>/ (docs/studies.md), and it says where
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
 # and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
@@ -43,6 +44,7 @@ check-lock: install
 
 study: install
 	$(BIN)/snakemake --cores $(CORES)
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where)/ (report: report/index.md)"
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
@@ -54,6 +56,7 @@ study-fashion: install
 			echo "then: make study-fashion"; exit 1; fi; \
 	fi
 	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_mnist.yaml)/ (report: report/index.md)"
 
 test: check-lock
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
@@ -90,5 +93,6 @@ golden: install
 docs: install
 	$(BIN)/python -m pipeline_src.plan.config_docs
 
+# Every study's results (results/<experiment>/ for each) and Snakemake's metadata.
 clean-results:
 	rm -rf results/* .snakemake

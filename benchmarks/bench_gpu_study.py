@@ -4,7 +4,7 @@ Parts (each a real `snakemake` run in its own work folder under --workdir):
   vitb     `benchmarks/gpu_vitb16.yaml`: the `features` and `train` rules at 224 px with a
            ViT-B/16, batch 256, bfloat16. Each rule runs as its own `--until` phase while
            `nvidia-smi` samples the GPU's utilisation every 200 ms; images/s come from the study's
-           own `results/report/efficiency.csv` (the jobs' counters).
+           own `results/<experiment>/report/efficiency.csv` (the jobs' counters).
   fashion  `studies/fashion_mnist.yaml`, the whole study, timed against issue 23's 5-minute goal
            (`--timeout`; a study cut short reports how many of its jobs finished).
   tiny     `.test/config.yaml`, the test suite's tiny study, end to end.
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -194,7 +195,8 @@ def main() -> None:
             print(f"    {row}", flush=True)
             if not row["finished"]:
                 break
-        rates = rule_rates(wd / "results" / "report" / "efficiency.csv")
+        study = yaml.safe_load((REPO / STUDIES[part]).read_text())["experiment"]  # results/<experiment>/
+        rates = rule_rates(wd / "results" / study / "report" / "efficiency.csv")
         for row in part_rows:  # a phase named after a rule gets that rule's figures (a whole-study run's table)
             rate = rates.get(row["phase"], {})
             for key in ("images", "images_per_s", "gflop_per_s", "in_step_pct"):

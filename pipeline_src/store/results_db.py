@@ -74,7 +74,7 @@ def _matches(results: Path, pattern: str) -> bool:
     return any(glob.glob(str(results / p), recursive=True) for p in patterns)
 
 
-def _create_models_table(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
+def _create_models_table(con: duckdb.DuckDBPyConnection, files: list[str], q: str = "") -> None:
     """The `models` view: every model record, one row each, with its `filename`. The records are
     joined into one newline-delimited file first: DuckDB's `read_json_auto` over the files gives
     each its own 32 MB buffer, which ran out of memory (18.8 GB) on a 1,535-job study."""
@@ -86,14 +86,14 @@ def _create_models_table(con: duckdb.DuckDBPyConnection, files: list[str]) -> No
             with open(f) as fh:
                 out.write(json.dumps({**json.load(fh), "filename": f}) + "\n")
     try:
-        con.execute(f"CREATE OR REPLACE TABLE _models AS SELECT * FROM read_json_auto('{out.name}', "
+        con.execute(f"CREATE OR REPLACE TABLE {q}_models AS SELECT * FROM read_json_auto('{out.name}', "
                     "format='newline_delimited', sample_size=-1, map_inference_threshold=-1, field_appearance_threshold=0)")
     finally:
         os.unlink(out.name)
-    con.execute("CREATE OR REPLACE VIEW models AS SELECT * FROM _models")  # a view, like every other kind
+    con.execute(f"CREATE OR REPLACE VIEW {q}models AS SELECT * FROM {q}_models")  # a view, like every other kind
 
 
-def _create_job_rss_table(con: duckdb.DuckDBPyConnection, files: list[str]) -> None:
+def _create_job_rss_table(con: duckdb.DuckDBPyConnection, files: list[str], q: str = "") -> None:
     """The `job_rss` view: one row per job's peak file, with its `filename`; read here (a few
     hundred bytes each), not by `read_json_auto`, which gives every file its own 32 MB buffer."""
     from pipeline_src.store.job_rss import read_job_rss
@@ -101,32 +101,65 @@ def _create_job_rss_table(con: duckdb.DuckDBPyConnection, files: list[str]) -> N
     rows = pa.Table.from_pylist([{"filename": f, **read_job_rss(f)} for f in files], schema=pa.schema([  # noqa: F841
         ("filename", pa.string()), ("peak_rss_mb", pa.float64()), ("peak_rss_kib", pa.int64()),
         ("measured_by", pa.string()), ("exit_code", pa.int32())]))
-    con.execute("CREATE OR REPLACE TABLE _job_rss AS SELECT * FROM rows")
-    con.execute("CREATE OR REPLACE VIEW job_rss AS SELECT * FROM _job_rss")
+    con.execute(f"CREATE OR REPLACE TABLE {q}_job_rss AS SELECT * FROM rows")
+    con.execute(f"CREATE OR REPLACE VIEW {q}job_rss AS SELECT * FROM {q}_job_rss")
+
+
+def _benchmarks_root(study: Path) -> Path:
+    """Where a study's benchmark rows are: its own `benchmarks/` when it has one, else the one
+    every study shares, `results/benchmarks/` beside the study folders (`plan/studies.py`)."""
+    if _matches(study, VIEWS["benchmarks"][0]) or not _matches(study.parent, VIEWS["benchmarks"][0]):
+        return study
+    return study.parent
 
 
 def connect(results_dir: str | Path = "results", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with one view per kind of result file."""
-    results = Path(results_dir)
+    """A DuckDB connection with one view per kind of result file of one study's results folder
+    (`results/<experiment>`; several studies: `store/studies_db.py`)."""
     con = duckdb.connect(database)
+    add_views(con, results_dir)
+    return con
+
+
+def add_views(con: duckdb.DuckDBPyConnection, results_dir: str | Path, schema: str | None = None,
+              benchmarks: bool = True) -> list[str]:
+    """Create the views of one results folder in `con`; the names of those created.
+
+    Args:
+        con: the connection.
+        results_dir: a study's results folder.
+        schema: the (existing) schema to create them in; None: the connection's default.
+        benchmarks: also the `benchmarks` view (rows shared by every study: `_benchmarks_root`).
+    """
+    study = Path(results_dir)
+    q = f'"{schema}".' if schema else ""
+    made = []
     for name, (pattern, sql) in VIEWS.items():
+        if name == "benchmarks" and not benchmarks:
+            continue
+        results = _benchmarks_root(study) if name == "benchmarks" else study
         if not _matches(results, pattern):
             continue
+        made.append(name)
         if name == "models":
             files = [f for d in ("train", "compose") for f in glob.glob(str(results / d / "**" / "*.json"), recursive=True)]
-            _create_models_table(con, files)
+            _create_models_table(con, files, q)
         elif name == "job_rss":
-            _create_job_rss_table(con, sorted(glob.glob(str(results / pattern), recursive=True)))
+            _create_job_rss_table(con, sorted(glob.glob(str(results / pattern), recursive=True)), q)
         elif name in SCHEMAS:
             # Union with an empty table of the current schema, so old files gain its new columns.
             empty = pa.Table.from_pylist([], schema=SCHEMAS[name])  # noqa: F841 (read by DuckDB)
-            con.execute(f"CREATE OR REPLACE TABLE _{name}_schema AS SELECT * FROM empty")
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS " + sql.format(g=str(results / pattern))
-                        + f" UNION ALL BY NAME SELECT * FROM _{name}_schema")
+            con.execute(f"CREATE OR REPLACE TABLE {q}_{name}_schema AS SELECT * FROM empty")
+            con.execute(f"CREATE OR REPLACE VIEW {q}{name} AS " + sql.format(g=str(results / pattern))
+                        + f" UNION ALL BY NAME SELECT * FROM {q}_{name}_schema")
         else:
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS " + sql.format(g=str(results / pattern)))
-    if _matches(results, VIEWS["metrics"][0]):
-        con.execute(ENVIRONMENTS_VIEW)
-        searched = _matches(results, VIEWS["selection"][0])
-        con.execute(SELECTED_VIEW if searched else "CREATE OR REPLACE VIEW metrics_selected AS SELECT * FROM metrics")
-    return con
+            con.execute(f"CREATE OR REPLACE VIEW {q}{name} AS " + sql.format(g=str(results / pattern)))
+    if "metrics" in made:
+        con.execute(ENVIRONMENTS_VIEW.replace("VIEW environments", f"VIEW {q}environments")
+                    .replace("FROM metrics", f"FROM {q}metrics"))
+        made.append("environments")
+        selected = (SELECTED_VIEW if "selection" in made else "CREATE OR REPLACE VIEW metrics_selected AS SELECT * FROM metrics")
+        con.execute(selected.replace("VIEW metrics_selected", f"VIEW {q}metrics_selected")
+                    .replace("FROM metrics", f"FROM {q}metrics").replace("FROM selection", f"FROM {q}selection"))
+        made.append("metrics_selected")
+    return made

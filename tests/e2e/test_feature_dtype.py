@@ -12,7 +12,7 @@ import duckdb
 import pytest
 import yaml
 
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ METHODS = ("fc", "nlft-1", "taft-1", "last")
 
 def accuracies(workdir: Path) -> dict[tuple, float]:
     rows = duckdb.sql(f"""SELECT method, model, shards, shard_id, value FROM
-        read_parquet('{workdir}/results/metrics/evaluate/**/*.parquet', union_by_name=true)
+        read_parquet('{results_of(workdir)}/metrics/evaluate/**/*.parquet', union_by_name=true)
         WHERE metric = 'accuracy'""").fetchall()
     return {r[:4]: r[4] for r in rows}
 

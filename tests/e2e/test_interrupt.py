@@ -16,7 +16,7 @@ import pytest
 import yaml
 from safetensors import safe_open
 
-from tests.conftest import REPO, planned_outputs
+from tests.conftest import REPO, planned_outputs, results_of
 from tests.e2e.conftest import copy_study
 from tests.store.test_atomic import killed_writer
 
@@ -55,12 +55,12 @@ def processes_in(folder: Path) -> list[int]:
 
 def training_now(workdir: Path, log: Path) -> bool:
     """A training job has started (its log exists) and not finished (no model yet)."""
-    model = workdir / "results" / "train" / log.relative_to(workdir / "results" / "logs" / "train").with_suffix(".safetensors")
+    model = results_of(workdir, "tiny") / "train" / log.relative_to(results_of(workdir, "tiny") / "logs" / "train").with_suffix(".safetensors")
     return log.exists() and not model.exists() and bool(processes_in(workdir))  # the log opens at the start
 
 
 def metric_rows(workdir: Path) -> int:
-    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{workdir}/results/metrics/**/*.parquet', "
+    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{results_of(workdir, 'tiny')}/metrics/**/*.parquet', "
                       "union_by_name=true)").fetchall()[0][0]
 
 
@@ -87,7 +87,7 @@ def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study
 
     smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2", *study], env=env, cwd=killed,
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    train_logs = killed / "results" / "logs" / "train"
+    train_logs = results_of(killed, "tiny") / "logs" / "train"
     deadline = time.monotonic() + 300
     while not (caught := [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]):
         assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
@@ -102,13 +102,13 @@ def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study
     assert not list(sockets.glob("*.sock")), "the fork server outlived its killed client"
     for log in caught:  # the interrupted job was stopped, not left to finish behind the rerun
         assert not training_now(killed, log) and not log.with_suffix(".bench.tsv").exists(), log
-        model = killed / "results" / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
+        model = results_of(killed, "tiny") / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
         assert not model.exists(), f"{model}: the killed run's job finished after the kill"
 
     proc = run(killed, "--cores", "2", *study, env=env)
     assert proc.returncode != 0 and re.search(r"unlock|incomplete", proc.stderr, re.I), proc.stderr[-2000:]
-    killed_writer(killed / "results" / "compose" / "regmean.parquet")  # a kill between write and rename
-    assert list((killed / "results").rglob("*.tmp"))
+    killed_writer(results_of(killed, "tiny") / "compose" / "regmean.parquet")  # a kill between write and rename
+    assert list(results_of(killed, "tiny").rglob("*.tmp"))
     for args in recovery_commands():
         proc = run(killed, *args, env=env)
         assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
@@ -117,7 +117,7 @@ def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study
     proc = run(killed, "-n", "--cores", "2", *study, env=env)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert metric_rows(killed) > 0
-    files = list((killed / "results").rglob("*.parquet")) + list((killed / "results").rglob("*.safetensors"))
+    files = list(results_of(killed, "tiny").rglob("*.parquet")) + list(results_of(killed, "tiny").rglob("*.safetensors"))
     for f in files:
         if f.suffix == ".parquet":
             pq.read_table(f)
@@ -125,15 +125,15 @@ def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study
             with safe_open(str(f), "pt") as st:
                 for k in st.keys():
                     st.get_tensor(k)
-    assert not list((killed / "results").rglob("*.tmp"))
+    assert not list(results_of(killed, "tiny").rglob("*.tmp"))
 
 
 def result_files(workdir: Path, logs: bool = True) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file under results/ (without results/logs/ for logs=False)."""
     files = {}
-    for f in (workdir / "results").rglob("*"):
+    for f in results_of(workdir, "tiny").rglob("*"):
         rel = f.relative_to(workdir).as_posix()
-        if f.is_file() and (logs or not rel.startswith("results/logs/")):
+        if f.is_file() and (logs or not rel.startswith("results/tiny/logs/")):
             st = f.stat()
             files[rel] = (st.st_size, st.st_mtime_ns)
     return files
@@ -148,7 +148,7 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
     (killed / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
     smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    train_logs = killed / "results" / "logs" / "train"
+    train_logs = results_of(killed, "tiny") / "logs" / "train"
     try:
         deadline = time.monotonic() + 300
         while not [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]:
@@ -165,7 +165,7 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
         after = result_files(killed)
         time.sleep(3)
         assert result_files(killed) == after, "a file changed after the jobs stopped"
-        new = {f: v for f, v in after.items() if not f.startswith("results/logs/") and at_kill.get(f) != v}
+        new = {f: v for f, v in after.items() if not f.startswith("results/tiny/logs/") and at_kill.get(f) != v}
         assert not new, f"written after the kill: {sorted(new)}"
         for _ in range(50):
             if not list(sockets.glob("*.sock")):

@@ -16,7 +16,7 @@ from tests.conftest import snakemake
 
 pytestmark = pytest.mark.e2e
 N = 4
-TARGETS = [f"results/train/fc/n{N}_s0/shard{i}.safetensors" for i in range(N)]
+TARGETS = [f"results/newdata/train/fc/n{N}_s0/shard{i}.safetensors" for i in range(N)]
 
 
 def run(workdir: Path, *args: str) -> str:
@@ -81,5 +81,5 @@ def test_removing_one_sample_changes_one_shard(study):
     victim = next(i for i, s, c in zip(table["sample_id"], table["split"], table["class_name"])
                   if s == "train" and c == "3")
     (workdir / victim).unlink()
-    assert planned(workdir, "forget_manifest") == {f"results/split/n{N}_s0/shard{shard_of(victim, N, 0)}.parquet"}
+    assert planned(workdir, "forget_manifest") == {f"results/newdata/split/n{N}_s0/shard{shard_of(victim, N, 0)}.parquet"}
     assert planned(workdir, "train") == {TARGETS[shard_of(victim, N, 0)]}

@@ -11,7 +11,7 @@ import yaml
 
 from pipeline_src.plan.config import validate_config
 from pipeline_src.runner.step_args import NoConfig
-from tests.conftest import planned_outputs, snakemake
+from tests.conftest import planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 from tests.steps.helpers import step_args
 
@@ -25,7 +25,7 @@ def cfg(tiny_study) -> dict:
 
 
 def shard_models(study: Path, method: str = "taft-1") -> list[str]:
-    return [str(study / "results" / "train" / method / "n2_s0" / f"shard{i}.safetensors") for i in range(2)]
+    return [str(results_of(study) / "train" / method / "n2_s0" / f"shard{i}.safetensors") for i in range(2)]
 
 
 def with_models(args, models: list[str]):
@@ -42,13 +42,13 @@ def test_compose_on_its_settings_alone_writes_the_studys_soup(tiny_study, cfg, t
                                  rule="compose"), shard_models(tiny_study))
     assert isinstance(args.config, NoConfig)  # any read of the config would raise
     compose.main(args)
-    soup = tiny_study / "results" / "compose" / "taft-1" / "n2_s0" / "soup.safetensors"
+    soup = results_of(tiny_study) / "compose" / "taft-1" / "n2_s0" / "soup.safetensors"
     assert out.read_bytes() == soup.read_bytes()
 
 
 def evaluate_shards_args(tiny_study: Path, cfg: dict, out: Path, models: list[str], ensemble: bool,
                          method: str = "taft-1"):
-    results = tiny_study / "results"
+    results = results_of(tiny_study)
     args = step_args(cfg, inputs={"samples": results / "prepare" / "samples.parquet",
                                   "backbone": results / "pretrain" / "model.safetensors"},
                      outputs={"metrics": out}, params={"model": "shards", "ensemble": ensemble},
@@ -102,7 +102,7 @@ def study_metrics(path: Path) -> list[tuple]:
 def unlearning_args(study: Path, cfg: dict, rule: str, wildcards: dict, out: Path):
     """A study job's arguments as the forget.smk rule gives them (models for the drop and retrain
     rules, the full-data model for the paragons), its outputs under `out`."""
-    results, method = study / "results", wildcards["method"]
+    results, method = results_of(study), wildcards["method"]
     inputs = {"samples": results / "prepare" / "samples.parquet", "backbone": results / "pretrain" / "model.safetensors"}
     params = {}
     if rule == "unlearn_drop":
@@ -138,7 +138,7 @@ def test_an_unlearning_step_on_its_settings_alone_scores_as_the_studys(tiny_stud
     The settings are what the job reads: a wrong or missing one changes the rows or raises."""
     from pipeline_src.steps import step_of_rule
 
-    study_file = tiny_study / "results" / "metrics" / metrics
+    study_file = results_of(tiny_study) / "metrics" / metrics
     assert study_file.exists(), study_file
     args = unlearning_args(tiny_study, cfg, rule, wildcards, tmp_path)
     assert isinstance(args.config, NoConfig)
@@ -160,19 +160,19 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     cfg["train"]["num_workers"] = 2
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2"))
-    folders = {"/".join(p.split("/")[1:3 if p.startswith("results/metrics/") else 2])
+    folders = {"/".join(p.split("/")[2:4 if p.startswith("results/tiny/metrics/") else 3])
                for out in planned for p in out.split(", ")}
     # and the search's: its candidates' soups are validated again, then selected again
     assert folders == {"compose", "metrics/evaluate", "unlearn_drop", "metrics/unlearn_drop", "unlearn_retrain",
                        "metrics/unlearn_retrain", "validate", "select", "report"}
-    drops = {out.split(", ")[0] for out in planned if out.startswith("results/metrics/unlearn_drop/")}
-    assert drops == {f"results/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
-    retrains = [out for out in planned if out.startswith("results/metrics/unlearn_retrain/")]
+    drops = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/metrics/unlearn_drop/")}
+    assert drops == {f"results/tiny/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
+    retrains = [out for out in planned if out.startswith("results/tiny/metrics/unlearn_retrain/")]
     assert len(retrains) == 2 * 2  # both methods, both fractions
-    soups = {out.split(", ")[0] for out in planned if out.startswith("results/compose/")}
+    soups = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/compose/")}
     # each method's N = 2 soup, and the forget study's taft soup it subtracts from (N = 3)
     methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
-    assert soups == {f"results/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
-        "results/compose/taft-1/n3_s0/soup.safetensors"}
-    ensembles = [out for out in planned if out.startswith("results/metrics/evaluate/") and "/n2_s0/shards" in out]
+    assert soups == {f"results/tiny/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
+        "results/tiny/compose/taft-1/n3_s0/soup.safetensors"}
+    ensembles = [out for out in planned if out.startswith("results/tiny/metrics/evaluate/") and "/n2_s0/shards" in out]
     assert len(ensembles) == len(methods)  # the shard evaluations that hold an ensemble (N = 2), not N = 1

@@ -15,7 +15,7 @@ def test_piping_into_head_exits_quietly(tmp_path, fmt):
     (tmp_path / "results").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # 300,000 rows: far more than a pipe's buffer, so the writer is still writing when head exits
-    query = subprocess.Popen([sys.executable, "-m", "pipeline_src.store.query", "--format", fmt,
+    query = subprocess.Popen([sys.executable, "-m", "pipeline_src.store.query", "--results", "results", "--format", fmt,
                               "SELECT range AS i FROM range(300000)"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     head = subprocess.run(["head", "-n", "3"], stdin=query.stdout, capture_output=True, text=True)

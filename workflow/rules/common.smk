@@ -35,8 +35,15 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
     own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
+from pipeline_src.plan.studies import old_layout_error, slurm_jobname_prefix, study_results
+
+# Each study writes under results/<experiment>/ (docs/studies.md): running one never touches another's.
+_study_root = study_results(config.get("experiment"))  # None: no valid name; validation below says so
+_old_layout = old_layout_error("results", config.get("experiment"))
+if _old_layout:
+    raise WorkflowError(_old_layout)
 try:
-    _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
+    _validated = validate_config(config, cache_dir=_study_root and f"{_study_root}/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()
@@ -47,7 +54,20 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
     for _line in check_cache_budget(config):
         logger.info(_line)
 
-R = "results"
+R = study_results(config["experiment"])  # results/<experiment>: every rule builds its paths from R
+
+if workflow.is_main_process:
+    # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given), so
+    # two studies on one cluster are told apart. The executor's settings reach the workflow only
+    # when it executes, after this parse: set the prefix then.
+    _execute = workflow.execute
+
+    def _execute_named(*args, executor_settings=None, **kwargs):
+        if getattr(executor_settings, "jobname_prefix", None) == "":
+            executor_settings.jobname_prefix = slurm_jobname_prefix(config["experiment"])
+        return _execute(*args, executor_settings=executor_settings, **kwargs)
+
+    workflow.execute = _execute_named
 
 
 onstart:
