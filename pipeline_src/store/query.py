@@ -21,18 +21,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=["table", "csv", "md"], default="table")
     parser.add_argument("--views", action="store_true", help="list the available views and their columns")
     ns = parser.parse_args(argv)
+    if not ns.views and not ns.sql:
+        parser.error("give a SQL query or --views")
+    if not os.path.isdir(ns.results):
+        print(f"query: no results folder at {os.path.abspath(ns.results)} (run the study first, or give "
+              "--results)", file=sys.stderr)
+        return 1
     con = connect(ns.results)
     if ns.views:
-        for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall():
-            cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
-            print(f"{name}: {', '.join(cols)}")
+        try:
+            for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall():
+                cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
+                print(f"{name}: {', '.join(cols)}")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
         return 0
-    if not ns.sql:
-        parser.error("give a SQL query or --views")
     try:
         rel = con.sql(ns.sql)
     except Exception as e:  # duckdb raises many error types; show the message, not a traceback
-        print(f"query failed: {e}", file=sys.stderr)
+        print(f"query failed: {e} (results folder: {os.path.abspath(ns.results)})", file=sys.stderr)
         return 1
     if rel is None:
         return 0
