@@ -34,6 +34,9 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
 try:
+    from pipeline_src.plan.config_files import check_duplicate_keys
+
+    check_duplicate_keys(workflow.configfiles)  # Snakemake's loader let the last of two equal keys win
     _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
