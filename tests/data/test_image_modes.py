@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 from torchvision.datasets.folder import pil_loader
-from torchvision.io import ImageReadMode, decode_image as tv_decode
+from torchvision.io import ImageReadMode
+from torchvision.io import decode_image as tv_decode
 from torchvision.transforms.v2.functional import to_dtype
 
 from pipeline_src.data.images import decode_image

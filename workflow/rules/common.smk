@@ -33,11 +33,18 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
     own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
+R = "results"
+
+# What validation derives from the data is cached under results/prepare/.plan_cache, written only
+# in onstart below: a dry run or --lint (parsed before Snakemake says which it is) writes nothing.
+from pipeline_src.plan.cache import hold_writes
+
+hold_writes()
 try:
     from pipeline_src.plan.config_files import check_duplicate_keys
 
     check_duplicate_keys(workflow.configfiles)  # Snakemake's loader let the last of two equal keys win
-    _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
+    _validated = validate_config(config, cache_dir=f"{R}/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()
@@ -48,8 +55,6 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
     for _line in check_cache_budget(config):
         logger.info(_line)
 
-R = "results"
-
 
 onstart:
     # Jobs killed between write and rename leave temporary files: remove those whose writer is
@@ -57,9 +62,12 @@ onstart:
     from pipeline_src.plan.run_start import clear_killed_temps
     from snakemake.logging import logger
 
+    from pipeline_src.plan.cache import write_held
+
     _cleared = clear_killed_temps(R)
     if _cleared:
         logger.info(_cleared)
+    write_held()  # the validation cache: a run that starts jobs, never a dry run
 
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
