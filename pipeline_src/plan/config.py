@@ -96,8 +96,13 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
 def _check_external_backbone(bcfg: dict, in_chans: int) -> None:
     """A bad checkpoint or timm name must fail here: found in `pretrain`, it would cost the
     previous backbone (Snakemake deletes a failed job's outputs)."""
-    from pipeline_src.plan.backbone_check import (check_torch_file, check_vit_keys, check_vit_shapes,
-                                                  recorded_num_heads, safetensors_header)
+    from pipeline_src.plan.backbone_check import (
+        check_torch_file,
+        check_vit_keys,
+        check_vit_shapes,
+        recorded_num_heads,
+        safetensors_header,
+    )
 
     if bcfg["timm_name"]:
         import timm  # only for a timm name: the default study's parse stays free of torch
