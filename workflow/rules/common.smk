@@ -35,6 +35,17 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
 
 R = "results"
 
+if workflow.is_main_process:
+    from pipeline_src.plan.run_start import at_exit, killed_rebuilds
+
+    at_exit(workflow, R)  # temp files of killed writers and the validation cache, even if no job starts
+    # Files a killed run had deleted to rebuild them (a --forcerun): inputs of `all`, so rebuilt.
+    KILLED_REBUILDS = killed_rebuilds(R)
+    if KILLED_REBUILDS:
+        logger.info(f"{len(KILLED_REBUILDS)} file(s) deleted by a killed run are rebuilt, e.g. {KILLED_REBUILDS[0]}")
+else:
+    KILLED_REBUILDS = []
+
 # What validation derives from the data is cached under results/prepare/.plan_cache, written only
 # in onstart below: a dry run or --lint (parsed before Snakemake says which it is) writes nothing.
 from pipeline_src.plan.cache import hold_writes
