@@ -72,7 +72,6 @@ onstart:
     # gone (plan/run_start.py). Here, holding the run's lock, never in a dry run.
     from pipeline_src.plan.run_start import clear_killed_temps
     from snakemake.logging import logger
-
     from pipeline_src.plan.cache import write_held
 
     _cleared = clear_killed_temps(R)
