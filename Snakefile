@@ -18,6 +18,7 @@ include: "workflow/rules/common.smk"
 rule all:
     input:
         f"{R}/report",
+        KILLED_REBUILDS,
 
 
 include: "workflow/rules/targets.smk"

@@ -97,10 +97,16 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     return cfg
 
 
-def _check_external_backbone(bcfg: dict) -> None:
+def _check_external_backbone(bcfg: dict, in_chans: int) -> None:
     """A bad checkpoint or timm name must fail here: found in `pretrain`, it would cost the
     previous backbone (Snakemake deletes a failed job's outputs)."""
-    from pipeline_src.plan.backbone_check import check_torch_file, check_vit_keys, safetensors_header
+    from pipeline_src.plan.backbone_check import (
+        check_torch_file,
+        check_vit_keys,
+        check_vit_shapes,
+        recorded_num_heads,
+        safetensors_header,
+    )
 
     if bcfg["timm_name"]:
         import timm  # only for a timm name: the default study's parse stays free of torch
@@ -114,8 +120,14 @@ def _check_external_backbone(bcfg: dict) -> None:
         if bcfg["checkpoint"].endswith(".safetensors"):
             named = bcfg["timm_name"]  # a timm architecture has its own depth and width
             arch = bcfg["arch"]
-            check_vit_keys(safetensors_header(bcfg["checkpoint"]), None if named else arch["depth"],
-                           None if named else arch["embed_dim"])
+            tensors = safetensors_header(bcfg["checkpoint"])
+            check_vit_keys(tensors, None if named else arch["depth"], None if named else arch["embed_dim"])
+            if not named:  # a timm name brings its own architecture
+                check_vit_shapes(tensors, arch, in_chans)
+                heads = recorded_num_heads(bcfg["checkpoint"])
+                if heads is not None and heads[0] != arch["num_heads"]:
+                    raise ValueError(f"{heads[1]} records num_heads {heads[0]}, backbone.arch.num_heads is "
+                                     f"{arch['num_heads']}")
         else:
             check_torch_file(bcfg["checkpoint"])
     except (OSError, ValueError) as e:
@@ -142,7 +154,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         if not Path(ckpt).is_file():
             raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
     if cfg["backbone"]["source"] != "pretrain":
-        _check_external_backbone(cfg["backbone"])
+        _check_external_backbone(cfg["backbone"], cfg["dataset"]["in_chans"])
     if cfg["dataset"]["source"] == "imagefolder":
         _check_dataset_path(cfg["dataset"], cache_dir)
     elif cfg["dataset"]["layout"] != "folders" or cfg["dataset"]["skip_corrupt"]:

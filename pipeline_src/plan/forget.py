@@ -46,7 +46,7 @@ def read_request(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ForgetRequestError(f"forget request file not found: {path}")
-    lines = [ln.strip() for ln in path.read_text().splitlines()]
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines()]  # -sig: an editor's BOM
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
     if path.suffix.lower() != ".csv":
         return lines

@@ -41,21 +41,32 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.compare:
         return _print(compare_tables(ns.root, *ns.compare), ns.format)
+    if not ns.views and not ns.sql:
+        parser.error("give a SQL query or --views")
     if ns.all_studies or ns.studies:
         con = connect_studies(ns.root, ns.studies.split(",") if ns.studies else None)
+        where = ns.root
     else:
-        con = connect(ns.results or resolve_study(ns.study, ns.configfile, ns.root))
+        where = str(ns.results or resolve_study(ns.study, ns.configfile, ns.root))
+        if not os.path.isdir(where):
+            print(f"query: no results folder at {os.path.abspath(where)} (run the study first, or give "
+                  "--study, --configfile or --results)", file=sys.stderr)
+            return 1
+        con = connect(where)
     if ns.views:
-        for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' ORDER BY 1").fetchall():
-            cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
-            print(f"{name}: {', '.join(cols)}")
+        try:
+            for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+                                       "ORDER BY 1").fetchall():
+                cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
+                print(f"{name}: {', '.join(cols)}")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
         return 0
-    if not ns.sql:
-        parser.error("give a SQL query or --views")
     try:
         rel = con.sql(ns.sql)
     except Exception as e:  # duckdb raises many error types; show the message, not a traceback
-        print(f"query failed: {e}", file=sys.stderr)
+        print(f"query failed: {e} (results folder: {os.path.abspath(where)})", file=sys.stderr)
         return 1
     if rel is None:
         return 0

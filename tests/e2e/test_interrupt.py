@@ -175,3 +175,60 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
     finally:
         for pid in processes_in(killed):  # on the code before the fix: do not leave the orphans running
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_forcerun_loses_nothing_after_the_readme_recovery(tmp_path, tiny_study):
+    """A `--forcerun` deletes the old outputs of its jobs when they start; killed then, the files were
+    lost: their readers were up to date, so Snakemake said "Nothing to be done" (issue 33, item 1)."""
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
+    killed = copy_study(tiny_study, tmp_path / "killed", parts=None)
+    (killed / "my_study.yaml").write_text((tiny_study / "config.yaml").read_text())
+    study = ("--configfile", "my_study.yaml")
+    before = sorted(f for f in result_files(killed, logs=False) if not f.startswith("results/report/"))
+    shards = [f"results/train/taft-1/n2_s0/shard{i}.safetensors" for i in (0, 1)]
+    assert all(f in before for f in shards)
+
+    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2", *study, "--forcerun", *shards],
+                           env=env, cwd=killed, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while all((killed / f).exists() for f in shards):  # Snakemake deletes a forced job's outputs as it starts it
+        assert smk.poll() is None and time.monotonic() < deadline, "the forced jobs never started"
+        time.sleep(0.01)
+    os.killpg(smk.pid, signal.SIGKILL)
+    smk.wait()
+    for _ in range(100):
+        if not processes_in(killed):
+            break
+        time.sleep(0.1)
+    lost = [f for f in before if not (killed / f).exists()]
+    assert lost, "the kill came after the forced jobs had rebuilt their files"
+    killed_writer(killed / "results" / "compose" / "regmean.parquet")  # a kill between write and rename
+
+    for args in recovery_commands():
+        proc = run(killed, *args, env=env)
+        assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
+    missing = [f for f in before if not (killed / f).exists()]
+    assert not missing, f"lost after the README's recovery: {missing[:5]} (of {lost})"
+    for f in before:
+        if f.endswith(".parquet"):
+            pq.read_table(killed / f)
+        elif f.endswith(".safetensors"):
+            with safe_open(str(killed / f), "pt") as st:
+                for k in st.keys():
+                    st.get_tensor(k)
+    assert not list((killed / "results").rglob("*.tmp"))
+    proc = run(killed, "-n", "--cores", "2", *study, env=env)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_temp_files_of_killed_writers_go_even_when_no_job_starts(tmp_path, tiny_study):
+    killed = copy_study(tiny_study, tmp_path / "done", parts=None)
+    (killed / "my_study.yaml").write_text((tiny_study / "config.yaml").read_text())
+    killed_writer(killed / "results" / "compose" / "regmean.parquet")
+    assert list((killed / "results").rglob("*.tmp"))
+    proc = run(killed, "--cores", "2", "--configfile", "my_study.yaml", env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert not list((killed / "results").rglob("*.tmp"))

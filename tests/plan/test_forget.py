@@ -47,6 +47,16 @@ def test_request_files_text_and_csv(tmp_path):
         read_request(tmp_path / "missing.txt")
 
 
+@pytest.mark.parametrize("name, text", [("r.txt", "d/5/1\nd/5/0\n"), ("r.csv", "sample_id\nd/5/1\nd/5/0\n"),
+                                        ("one.csv", "d/5/1\nd/5/0\n")])
+def test_request_files_saved_with_a_byte_order_mark(tmp_path, name, text):
+    """An editor's UTF-8 BOM is invisible: the first id (or the CSV header) must not carry it."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    ids = read_request(tmp_path / name)
+    assert ids == ["d/5/1", "d/5/0"]
+    assert validate_request(ids, _samples()) == ["d/5/0", "d/5/1"]
+
+
 @pytest.mark.parametrize("ids, message", [
     (["d/5/0", "d/5/0"], "duplicate sample id 'd/5/0'"),
     (["d/5/0", "nope/1"], "unknown sample id 'nope/1'"),

@@ -42,7 +42,28 @@ _study_root = study_results(config.get("experiment"))  # None: no valid name; va
 _old_layout = old_layout_error("results", config.get("experiment"))
 if _old_layout:
     raise WorkflowError(_old_layout)
+
+if workflow.is_main_process and _study_root:
+    from pipeline_src.plan.run_start import at_exit, killed_rebuilds
+
+    at_exit(workflow, _study_root)  # temp files of killed writers and the validation cache, even if no job starts
+    # Files a killed run had deleted to rebuild them (a --forcerun): inputs of `all`, so rebuilt.
+    KILLED_REBUILDS = killed_rebuilds(_study_root)
+    if KILLED_REBUILDS:
+        logger.info(f"{len(KILLED_REBUILDS)} file(s) deleted by a killed run are rebuilt, e.g. {KILLED_REBUILDS[0]}")
+else:
+    KILLED_REBUILDS = []
+
+# What validation derives from the data is cached under results/<experiment>/prepare/.plan_cache,
+# written only when a run executes (run_start.at_exit): a dry run or --lint (parsed before
+# Snakemake says which it is) writes nothing.
+from pipeline_src.plan.cache import hold_writes
+
+hold_writes()
 try:
+    from pipeline_src.plan.config_files import check_duplicate_keys
+
+    check_duplicate_keys(workflow.configfiles)  # Snakemake's loader let the last of two equal keys win
     _validated = validate_config(config, cache_dir=_study_root and f"{_study_root}/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
@@ -75,10 +96,12 @@ onstart:
     # gone (plan/run_start.py). Here, holding the run's lock, never in a dry run.
     from pipeline_src.plan.run_start import clear_killed_temps
     from snakemake.logging import logger
+    from pipeline_src.plan.cache import write_held
 
     _cleared = clear_killed_temps(R)
     if _cleared:
         logger.info(_cleared)
+    write_held()  # the validation cache: a run that starts jobs, never a dry run
 
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
