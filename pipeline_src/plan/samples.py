@@ -131,17 +131,21 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
             split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     out = replace(samples, splits=split.tolist(), val_from_train=False)
     order = samples.class_order or _class_order(samples.class_names)
-    source = source_class_names(dataset_cfg, order)
     pool_cfg = dataset_cfg.get("pretrain_pool")
     if pool_cfg and out.tasks is None:  # drawn once: a second call sees the pool's own splits
         tasks, splits, keep = draw_pool(out.sample_ids, out.class_names, out.splits, pool_cfg,
-                                        pool_class_names(pool_cfg, order, dataset_cfg.get("class_names") or []), source)
+                                        pool_class_names(pool_cfg, order, dataset_cfg.get("class_names") or []),
+                                        source_class_names(dataset_cfg, order))
         out = replace(out.pick(keep), splits=splits, tasks=tasks)
         split = np.array(splits, dtype=object)
     limits = {"target": dataset_cfg.get("limit_per_class"), "source": dataset_cfg.get("source_limit_per_class")}
     if not any(limits.values()):
         return out
-    tasks = out.tasks or ["source" if c in source else "target" for c in out.class_names]
+    if out.tasks is None:
+        source = source_class_names(dataset_cfg, order)
+        tasks = ["source" if c in source else "target" for c in out.class_names]
+    else:
+        tasks = out.tasks
     u = np.array([keyed_unit(i, f"limit/{seed}") for i in out.sample_ids])
     names, groups = np.unique(np.array([f"{t}\0{c}\0{s}" for t, c, s in zip(tasks, out.class_names, split)]),
                               return_inverse=True)
