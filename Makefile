@@ -3,7 +3,9 @@
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
 # and one for the real-data study (README "The Fashion-MNIST study"):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
-#                        then run studies/fashion_mnist.yaml
+#                        then run both regimes: study-fashion-far (studies/fashion_mnist.yaml, the backbone
+#                        pretrained on 5 other classes) and study-fashion-near (studies/fashion_near.yaml, on
+#                        a disjoint pool of all 10 classes' training images); each target runs one alone
 # and three for the pinned environment (README "Pinned environment"):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
@@ -23,7 +25,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study study-fashion test install check-lock lock lock-upgrade conda-env golden clean-results
+.PHONY: study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,14 +44,21 @@ study: install
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-study-fashion: install
+fashion-mnist-data:
 	@if [ ! -f $(FASHION_MNIST) ]; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y dataset-fashion-mnist; \
 		else echo "Fashion-MNIST is not installed. Run:"; \
 			echo "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"; \
-			echo "then: make study-fashion"; exit 1; fi; \
+			echo "then: make $(MAKECMDGOALS)"; exit 1; fi; \
 	fi
+
+study-fashion: study-fashion-far study-fashion-near
+
+study-fashion-far: install fashion-mnist-data
 	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
+
+study-fashion-near: install fashion-mnist-data
+	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_near.yaml
 
 test: check-lock
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
