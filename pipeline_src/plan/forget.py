@@ -232,8 +232,8 @@ def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
                 raise ConfigError(f"config key 'forget.study.removed_shards': removing {r} of {n} shards "
                                   f"(forget.study.shards) leaves no model")
     for f in study["forget_fractions"]:
-        if not 0 < f < 1:
-            raise ConfigError(f"config key 'forget.study.forget_fractions': {f} is not in (0, 1)")
+        if not 0 <= f < 1:  # 0: requests of one sample each (random_request)
+            raise ConfigError(f"config key 'forget.study.forget_fractions': {f} is not in [0, 1)")
 
 
 def nonlinear_paragon(cfg: dict, method: str) -> tuple[str, dict] | None:
@@ -263,7 +263,8 @@ def random_request(ids: Sequence[str], fraction: float, seed: int, request: int)
 
     Args:
         ids: the current training ids (sorted; any order gives the same result after sorting).
-        fraction: the forgotten fraction.
+        fraction: the forgotten fraction; 0 is a request of exactly one sample (one person asks to be
+            removed), which touches one shard, as the unlearning-cost claim needs.
         seed, request: seed the draw (with the fraction), so every strategy sees the same ids.
     """
     ids = sorted(ids)
