@@ -4,7 +4,9 @@
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
 # and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
-#                        then run studies/fashion_mnist.yaml
+#                        then run both regimes: study-fashion-far (studies/fashion_mnist.yaml, the backbone
+#                        pretrained on 5 other classes) and study-fashion-near (studies/fashion_near.yaml, on
+#                        a disjoint pool of all 10 classes' training images); each target runs one alone
 #   make claims-regimes STUDIES="results/a results/b"   one claims table over two or more studies'
 #                        results folders, a column per regime, nearest first (docs/search.md)
 # and three for the pinned environment (docs/environment.md):
@@ -28,7 +30,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: claims-regimes study study-fashion test install check-lock lock lock-upgrade conda-env golden docs clean-results
+.PHONY: claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,15 +50,25 @@ study: install
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-study-fashion: install
+fashion-mnist-data:
 	@if [ ! -f $(FASHION_MNIST) ]; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y dataset-fashion-mnist; \
 		else echo "Fashion-MNIST is not installed. Run:"; \
 			echo "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"; \
-			echo "then: make study-fashion"; exit 1; fi; \
+			echo "then: make $(MAKECMDGOALS)"; exit 1; fi; \
 	fi
+
+study-fashion: study-fashion-far study-fashion-near
+	$(BIN)/python -m pipeline_src.reports.cross_regime results/fashion-near results/fashion-far --out results/fashion-regimes
+	@echo "Both regimes side by side: results/fashion-regimes/claims_by_regime.md"
+
+study-fashion-far: install fashion-mnist-data
 	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
 	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_mnist.yaml)/ (report: report/index.md)"
+
+study-fashion-near: install fashion-mnist-data
+	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_near.yaml
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_near.yaml)/ (report: report/index.md)"
 
 test: check-lock
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder

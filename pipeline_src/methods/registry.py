@@ -24,7 +24,7 @@ from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import cross_entropy, fit
 from pipeline_src.taft.tangent_vit import TangentViT
 from pipeline_src.taft.train import train_tangent
-from pipeline_src.vit.parts import reset_head
+from pipeline_src.vit.parts import reinit_all, reset_head
 
 
 class TunedModel(Protocol):
@@ -75,6 +75,8 @@ def get_method(kind: str) -> Method:
 def build_tuned_model(backbone: VisionTransformer, method_cfg: dict, num_classes: int, seed: int) -> TunedModel:
     """A fresh tuned model: a copy of the backbone, a seeded downstream head, the method's wrapper."""
     model = copy.deepcopy(backbone)
+    if method_cfg.get("init") == "random":  # `full` from scratch: the architecture, none of the pretraining
+        reinit_all(model, seed)
     reset_head(model, num_classes, seed)
     return get_method(method_cfg["kind"]).build(model, method_cfg)
 

@@ -137,8 +137,9 @@ def _check_external_backbone(bcfg: dict, in_chans: int) -> None:
 def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | None) -> None:
     depth = cfg["backbone"]["arch"]["depth"]
     if cfg["backbone"]["source"] == "pretrain":
-        if not cfg["dataset"]["source_classes"]:
-            raise ConfigError("config key 'dataset.source_classes': backbone.source 'pretrain' needs source classes to pretrain on")
+        if not cfg["dataset"]["source_classes"] and not cfg["dataset"]["pretrain_pool"]:
+            raise ConfigError("config key 'dataset.source_classes': backbone.source 'pretrain' needs source classes "
+                              "(or dataset.pretrain_pool) to pretrain on")
         arch = cfg["backbone"]["arch"]
         if arch["embed_dim"] % arch["num_heads"]:
             raise ConfigError("config key 'backbone.arch.num_heads': must divide embed_dim "
@@ -155,6 +156,9 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
             raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
     if cfg["backbone"]["source"] != "pretrain":
         _check_external_backbone(cfg["backbone"], cfg["dataset"]["in_chans"])
+        if cfg["dataset"]["pretrain_pool"]:
+            raise ConfigError("config key 'dataset.pretrain_pool': only for backbone.source 'pretrain' "
+                              f"(backbone.source is '{cfg['backbone']['source']}')")
     if cfg["dataset"]["source"] == "imagefolder":
         _check_dataset_path(cfg["dataset"], cache_dir)
     elif cfg["dataset"]["layout"] != "folders" or cfg["dataset"]["skip_corrupt"]:
@@ -268,10 +272,10 @@ def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:
     loading it imports sklearn, seconds per dry run). An ImageFolder is listed every time."""
     if cfg["dataset"]["source"] != "digits":
         return count_train_samples(cfg)
-    from pipeline_src.plan import samples
+    from pipeline_src.plan import pretrain_pool, samples
 
     key = {"dataset": cfg["dataset"], "seed": cfg["seed"], "sklearn": package_version("scikit-learn"),
-           "code": hashlib.sha256(Path(samples.__file__).read_bytes()).hexdigest()}
+           "code": hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (samples, pretrain_pool))).hexdigest()}
     return cached(cache_dir, "train_count", key, lambda: count_train_samples(cfg))
 
 

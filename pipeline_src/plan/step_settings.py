@@ -78,7 +78,8 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "compose": ("compose_weights",),
     "compose_private": (),
     "prepare": ("dataset", "seed"),
-    "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans"),
+    "baseline_pixel_logreg": (*LABELS, "seed"),  # reads the target images only (their split is prepare's)
+    "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans", "dataset.pretrain_pool"),
     "features": ("seed", "features.dtype", "train.precision"),
     "evaluate_shards": _evaluate_shards,
     "evaluate_soup": _EVALUATED,

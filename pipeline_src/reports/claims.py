@@ -336,7 +336,8 @@ def unlearning_cost_claims(retrain: pd.DataFrame, methods: dict[str, dict]) -> l
             one = rows[rows.affected_shards == 1]
             if one.empty:
                 out.append(missing(*head, f"no request touched a single shard (fewest: "
-                                   f"{rows.affected_shards.min():.0f} of {n}; forget.study.forget_fractions)"))
+                                   f"{rows.affected_shards.min():.0f} of {n}; add 0, single-sample requests, to "
+                                   "forget.study.forget_fractions)"))
                 continue
             keys = ["seed", "fraction", "request"]
             par = paragon[paragon.method == method].merge(one[keys], on=keys)

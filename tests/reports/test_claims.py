@@ -226,7 +226,8 @@ def test_partly_run_claims_name_the_missing_jobs(tmp_path):
     assert why["LAST ≥ FC at ≤ 25 % of full fine-tuning's memory"] == (
         "n/a", "— no full method trained at N = 1; accuracy: last 75.0 %, fc 70.0 % (+5.0 pts)")
     assert why["Unlearning cost: retrain-shard ≈ N× cheaper than the paragon: taft-1, N = 3"] == (
-        "n/a", "— no request touched a single shard (fewest: 3 of 3; forget.study.forget_fractions)")
+        "n/a", "— no request touched a single shard (fewest: 3 of 3; add 0, single-sample requests, to "
+        "forget.study.forget_fractions)")
 
 
 def test_memory_needs_records_that_carry_it(tmp_path):
