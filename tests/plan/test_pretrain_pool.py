@@ -119,11 +119,12 @@ def test_the_backbone_records_the_pool_it_saw(tmp_path):
     cfg = _study(pretrain_pool={"fraction": 0.4, "seed": 7})
     cfg["backbone"]["pretrain"]["epochs"] = 1
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    snakemake(tmp_path, "results/pretrain/backbone.json", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"),
+    study = f"results/{cfg['experiment']}"
+    snakemake(tmp_path, f"{study}/pretrain/backbone.json", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"),
               timeout=600)
-    record = json.loads((tmp_path / "results/pretrain/backbone.json").read_text())["pretrain_data"]
-    ids = (tmp_path / "results/pretrain/source_ids.txt").read_text().split()
-    table = pq.read_table(tmp_path / "results/prepare/samples.parquet")
+    record = json.loads((tmp_path / study / "pretrain/backbone.json").read_text())["pretrain_data"]
+    ids = (tmp_path / study / "pretrain/source_ids.txt").read_text().split()
+    table = pq.read_table(tmp_path / study / "prepare/samples.parquet")
     assert set(ids) == _rows(table, "source") and all(_hash_unit(i, "pool/7") < 0.4 for i in ids)
     assert record["key"] == "pool/7" and record["count"] == len(ids) == sum(record["count_per_split"].values())
     assert record["definition"]["fraction"] == 0.4 and record["classes"] == [str(d) for d in range(10)]

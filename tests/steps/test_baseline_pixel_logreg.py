@@ -29,7 +29,7 @@ def test_the_rule_writes_val_and_test_rows(tmp_path):
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["baselines"] = {"pixel_logreg": True}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    out = "results/metrics/baselines/pixel_logreg.parquet"
+    out = f"results/{cfg['experiment']}/metrics/baselines/pixel_logreg.parquet"
     snakemake(tmp_path, out, "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), timeout=600)
     rows = pq.read_table(tmp_path / out).to_pandas().set_index("split")
     assert set(rows.index) == {"val", "test"} and set(rows.method) == {"pixel-logreg"}
