@@ -3,11 +3,11 @@ several side by side (`pipeline_src/store/studies_db.py`; the layout: docs/studi
 
     python -m pipeline_src.store.query "SELECT method, shards, model, avg(value) FROM metrics
                                   WHERE metric = 'accuracy' GROUP BY ALL ORDER BY ALL"
-    python -m pipeline_src.store.query --study fashion-mnist --format csv "SELECT * FROM models" > models.csv
+    python -m pipeline_src.store.query --study fashion-far --format csv "SELECT * FROM models" > models.csv
     python -m pipeline_src.store.query --configfile my_study.yaml --views   # list views and their columns
     python -m pipeline_src.store.query --all-studies "SELECT experiment, method, avg(value) FROM metrics
                                   WHERE metric = 'accuracy' GROUP BY ALL"   # or --studies a,b
-    python -m pipeline_src.store.query --compare digits-transfer fashion-mnist claims   # a report table side by side
+    python -m pipeline_src.store.query --compare digits-transfer fashion-far claims   # a report table side by side
 
 The study is the one named by --study, else the `experiment` of --configfile, else config.yaml's.
 """

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, results_of, snakemake
 
 pytestmark = pytest.mark.e2e
 
@@ -26,8 +26,8 @@ def test_dry_run_and_lint_write_nothing_a_real_run_caches(tmp_path):
     assert lint.returncode == 0, lint.stderr[-2000:]
     assert not (tmp_path / "results").exists()
 
-    snakemake(tmp_path, "--cores", "1", "results/prepare/samples.parquet")  # a run that starts a job
-    cache = sorted((tmp_path / "results" / "prepare" / ".plan_cache").glob("*.json"))
+    snakemake(tmp_path, "--cores", "1", "results/tiny/prepare/samples.parquet")  # a run that starts a job
+    cache = sorted((results_of(tmp_path) / "prepare" / ".plan_cache").glob("*.json"))
     assert cache, "a real run keeps what validation derived"
     before = tree(tmp_path / "results")
     snakemake(tmp_path, "-n", "--cores", "2")

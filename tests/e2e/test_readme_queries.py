@@ -52,7 +52,7 @@ def test_every_readme_query_returns_rows(tiny_study, capsys, args):
 
 
 def test_the_composition_query_lists_compositions_of_one_split(tiny_study, capsys):
-    sql = next(a[0] for a in readme_queries() if a and "model IN" in a[0])
+    sql = next(q for a in readme_queries() for q in a if "model IN" in q)
     assert query.main(["--format", "csv", "--results", str(results_of(tiny_study)),
                        sql.replace("SELECT method, shards, model,", "SELECT method, shards, model, split,")]) == 0
     rows = [ln.split(",") for ln in capsys.readouterr().out.splitlines()[1:]]

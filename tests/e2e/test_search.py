@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import planned_outputs, snakemake
+from tests.conftest import planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ def _choices(results: Path, method: str) -> list[dict]:
 
 
 def test_each_searched_method_has_a_choice_per_n_from_validation_rows(study):
-    results = study / "results"
+    results = results_of(study)
     cfg = yaml.safe_load((study / "config.yaml").read_text())
     for method in cfg["search"]["methods"]:
         rows = pq.read_table(results / "select" / f"{method}.parquet").to_pylist()
@@ -43,11 +43,11 @@ def test_each_searched_method_has_a_choice_per_n_from_validation_rows(study):
 
 
 def test_report_shows_the_choice_and_the_selected_points_test_accuracy_in_the_tables(study):
-    report = study / "results" / "report"
+    report = results_of(study) / "report"
     table = (report / "search_selection.md").read_text()
-    chosen = _choices(study / "results", "taft-1")[0]
+    chosen = _choices(results_of(study), "taft-1")[0]
     assert chosen["shards"] == 1 and chosen["candidate"] in table
-    test = pq.read_table(study / "results" / "metrics" / "evaluate" / chosen["candidate"] / "n1_s0" / "shards.parquet")  # N = 1: shard 0 only
+    test = pq.read_table(results_of(study) / "metrics" / "evaluate" / chosen["candidate"] / "n1_s0" / "shards.parquet")  # N = 1: shard 0 only
     acc = dict(zip(test.column("metric").to_pylist(), test.column("value").to_pylist()))["accuracy"]
     table1 = (report / "table1_methods.csv").read_text()
     assert f"taft-1,{acc}" in table1.replace(" ", "")  # Table 1's taft-1 is the selected point
@@ -62,15 +62,16 @@ def test_changing_one_grid_point_reruns_only_its_jobs_and_the_selection(study, t
     outputs = planned_outputs(proc)
     assert any("fc_lr3e-4" in o for o in outputs) and any("taft-1_lr3e-4_ptF_clsT" in o for o in outputs)
     others = [o for o in outputs if "_lr3e-4" not in o and "signatures/" not in o]
-    assert sorted(others) == sorted(["results/select/fc.parquet, results/select/fc.json",
-                                     "results/select/taft-1.parquet, results/select/taft-1.json", "results/report"])
+    assert sorted(others) == sorted(["results/tiny/select/fc.parquet, results/tiny/select/fc.json",
+                                     "results/tiny/select/taft-1.parquet, results/tiny/select/taft-1.json",
+                                     "results/tiny/report"])
 
 
 def test_rewritten_test_rows_change_no_choice(study, tmp_path):
     work = copy_study(study, tmp_path / "work", parts=None)
     (work / "config.yaml").write_text((study / "config.yaml").read_text())
-    before = {m: _choices(work / "results", m) for m in ("fc", "taft-1")}
-    for path in (work / "results" / "metrics" / "evaluate").rglob("*.parquet"):  # every test row turned around
+    before = {m: _choices(results_of(work), m) for m in ("fc", "taft-1")}
+    for path in (results_of(work) / "metrics" / "evaluate").rglob("*.parquet"):  # every test row turned around
         t = pq.read_table(path)
         values = [1.0 - v if m == "accuracy" else v for m, v in zip(t.column("metric").to_pylist(),
                                                                     t.column("value").to_pylist())]
@@ -78,4 +79,4 @@ def test_rewritten_test_rows_change_no_choice(study, tmp_path):
     proc = snakemake(work, "-n", "--cores", "2", "search")
     assert "Nothing to be done" in proc.stdout + proc.stderr  # select reads no test file
     snakemake(work, "--cores", "2", "search", "--forcerun", "select")
-    assert {m: _choices(work / "results", m) for m in ("fc", "taft-1")} == before
+    assert {m: _choices(results_of(work), m) for m in ("fc", "taft-1")} == before

@@ -62,7 +62,7 @@ def test_the_shard_evaluation_on_its_settings_alone_scores_as_the_studys(tiny_st
     out = tmp_path / "shards.parquet"
     evaluate.main(evaluate_shards_args(tiny_study, cfg, out, shard_models(tiny_study), ensemble=True))
     query = "SELECT model, shard_id, metric, value FROM read_parquet('{}') ORDER BY ALL"
-    study = tiny_study / "results" / "metrics" / "evaluate" / "taft-1" / "n2_s0" / "shards.parquet"
+    study = results_of(tiny_study) / "metrics" / "evaluate" / "taft-1" / "n2_s0" / "shards.parquet"
     assert duckdb.sql(query.format(out)).fetchall() == duckdb.sql(query.format(study)).fetchall()
 
 

@@ -32,8 +32,8 @@ def other_config() -> dict:
     cfg.update(experiment=OTHER, methods={"fc": {"kind": "fc"}}, shards=[1, 2], device="cpu")
     cfg["backbone"]["pretrain"]["epochs"] = 1
     cfg["train"]["epochs"] = 1
-    for study in ("fusion", "forget", "last_grid"):
-        del cfg[study]
+    for study in ("fusion", "forget", "last_grid", "search"):
+        cfg.pop(study, None)
     return cfg
 
 

@@ -17,7 +17,7 @@ from tests.conftest import REPO, planned_outputs, snakemake
 
 pytestmark = pytest.mark.e2e
 VECTORIZED = ("fc", "nlft-1", "last", "taft-1")
-TARGETS = [f"results/train/{m}/n3_s0/shard{i}.safetensors" for m in (*VECTORIZED, "nlft-1-alone") for i in range(3)]
+TARGETS = [f"results/tiny/train/{m}/n3_s0/shard{i}.safetensors" for m in (*VECTORIZED, "nlft-1-alone") for i in range(3)]
 
 
 def _config(requests: str | None = None) -> dict:
@@ -43,13 +43,13 @@ def study(tmp_path_factory) -> Path:
 
 def test_first_training_is_one_job_per_method_and_equals_per_shard_jobs(study):
     for m in VECTORIZED:
-        logs = sorted(p.name for p in (study / f"results/logs/train/{m}/n3_s0").glob("*.bench.tsv"))
+        logs = sorted(p.name for p in (study / f"results/tiny/logs/train/{m}/n3_s0").glob("*.bench.tsv"))
         assert logs == ["vectorized.bench.tsv"], (m, logs)
         for i in range(3):
-            assert load_model(study / f"results/train/{m}/n3_s0/shard{i}.safetensors")[1]["vectorized_over_shards"] == 3
+            assert load_model(study / f"results/tiny/train/{m}/n3_s0/shard{i}.safetensors")[1]["vectorized_over_shards"] == 3
     # the same method trained in per-shard jobs: the same tensors up to float32 rounding
     for i in range(3):
-        vec, alone = (load_file(study / f"results/train/{m}/n3_s0/shard{i}.safetensors") for m in ("nlft-1", "nlft-1-alone"))
+        vec, alone = (load_file(study / f"results/tiny/train/{m}/n3_s0/shard{i}.safetensors") for m in ("nlft-1", "nlft-1-alone"))
         assert vec.keys() == alone.keys()
         for k in vec:
             a, b = vec[k], alone[k]
@@ -62,7 +62,7 @@ def test_first_training_is_one_job_per_method_and_equals_per_shard_jobs(study):
 
 
 def test_a_forget_request_retrains_only_the_touched_shard_in_its_own_job(study):
-    ids = shard_ids(pq.read_table(study / "results/split/n3_s0/shard1.parquet"), 1)[:2]
+    ids = shard_ids(pq.read_table(study / "results/tiny/split/n3_s0/shard1.parquet"), 1)[:2]
     (study / "forget.txt").write_text("\n".join(ids) + "\n")
     (study / "forget.yaml").write_text(yaml.safe_dump(_config(str(study / "forget.txt"))))
     args = (*TARGETS, "--cores", "2", "--configfile", str(study / "forget.yaml"))
@@ -71,13 +71,13 @@ def test_a_forget_request_retrains_only_the_touched_shard_in_its_own_job(study):
     rules = set(re.findall(r"^rule (\S+):", proc.stdout + proc.stderr, flags=re.M))
     assert rules == {"forget_manifest", "train"}, rules
     for m in (*VECTORIZED, "nlft-1-alone"):
-        assert f"results/train/{m}/n3_s0/shard1.safetensors" in outputs
+        assert f"results/tiny/train/{m}/n3_s0/shard1.safetensors" in outputs
     assert not re.search(r"shard[02]\.", outputs), outputs
-    untouched = {p: p.stat().st_mtime for m in VECTORIZED for p in (study / f"results/train/{m}/n3_s0").glob("shard[02].*")}
+    untouched = {p: p.stat().st_mtime for m in VECTORIZED for p in (study / f"results/tiny/train/{m}/n3_s0").glob("shard[02].*")}
     snakemake(study, *args)
     assert {p: p.stat().st_mtime for p in untouched} == untouched
     for m in VECTORIZED:
-        record = load_model(study / f"results/train/{m}/n3_s0/shard1.safetensors")[1]
+        record = load_model(study / f"results/tiny/train/{m}/n3_s0/shard1.safetensors")[1]
         assert "vectorized_over_shards" not in record and not set(ids) & set(record["sample_ids"])
-        assert (study / f"results/logs/train/{m}/n3_s0/shard1.bench.tsv").exists()
+        assert (study / f"results/tiny/logs/train/{m}/n3_s0/shard1.bench.tsv").exists()
     assert "Nothing to be done" in snakemake(study, *args, "-n").stdout

@@ -31,12 +31,13 @@ def test_piping_into_head_exits_quietly(tmp_path, fmt):
 
 def test_views_into_a_closed_pipe_exit_quietly(tmp_path):
     """`query --views | head -1`: the reader is gone before the listing is written (issue 33, item 8)."""
-    (tmp_path / "results" / "prepare").mkdir(parents=True)
-    pq.write_table(pa.table({"sample_id": ["a"], "split": ["train"]}), tmp_path / "results" / "prepare" / "samples.parquet")
+    (tmp_path / "results" / "s" / "prepare").mkdir(parents=True)
+    pq.write_table(pa.table({"sample_id": ["a"], "split": ["train"]}),
+                   tmp_path / "results" / "s" / "prepare" / "samples.parquet")
     read_end, write_end = os.pipe()
     os.close(read_end)  # as `head` does once it has its line: every write now breaks the pipe
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "pipeline_src.store.query", "--views"], cwd=tmp_path, env=env,
+    proc = subprocess.run([sys.executable, "-m", "pipeline_src.store.query", "--study", "s", "--views"], cwd=tmp_path, env=env,
                           stdout=write_end, stderr=subprocess.PIPE, text=True)
     os.close(write_end)
     assert proc.returncode == 0, proc.stderr
@@ -45,8 +46,7 @@ def test_views_into_a_closed_pipe_exit_quietly(tmp_path):
 
 def test_a_missing_results_folder_is_named(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert query.main(["SELECT * FROM metrics"]) == 1
-    err = capsys.readouterr().err
-    assert f"no results folder at {tmp_path / 'results'}" in err and "Catalog Error" not in err
+    with pytest.raises(SystemExit, match=r"no study 's' under results/ \(there: none\)"):
+        query.main(["--study", "s", "SELECT * FROM metrics"])
     assert query.main(["--results", str(tmp_path / "elsewhere"), "--views"]) == 1
     assert str(tmp_path / "elsewhere") in capsys.readouterr().err
