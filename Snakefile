@@ -18,6 +18,8 @@ include: "workflow/rules/common.smk"
 rule all:
     input:
         f"{R}/report",
+        # a DP study's releasable folder (privacy.smk: release)
+        *([f"{R}/release"] if config["privacy"]["enabled"] else []),
 
 
 include: "workflow/rules/targets.smk"

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import NEIGHBOURING, plan_budget, steps_per_epoch
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
+from pipeline_src.dp.frozen_modes import train_trainable_only
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
 from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
 from pipeline_src.dp.secret_randomness import secret_generator
@@ -259,7 +260,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
         model, optimizer, loader, mode=mode, sigma=budget["sigma"], max_grad_norm=max_grad_norm,
         accountant=accountant, noise_generator=noise_generator, sampler_generator=sampler_generator,
         public_size=public)
-    model.train()
+    train_trainable_only(model)  # frozen modules (BatchNorm stem, drop-path) stay in eval mode
     step = 0
     try:
         for epoch in range(epochs):

@@ -70,6 +70,7 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "forget_manifest": (),
     "compose": ("compose_weights",),
     "compose_private": (),
+    "release": (),  # the DP models' records and metrics are its inputs
     "prepare": ("dataset", "seed"),
     "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans"),
     "features": ("seed", "features.dtype", "train.precision"),
