@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -35,8 +37,23 @@ def _config() -> dict:
     return cfg
 
 
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless the study tightens them
+    yield
+    os.umask(old)
+
+
 @pytest.fixture(scope="module")
 def neighbours(tmp_path_factory) -> tuple[Path, Path]:
+    old = os.umask(0o022)
+    try:
+        return _neighbours(tmp_path_factory)
+    finally:
+        os.umask(old)
+
+
+def _neighbours(tmp_path_factory) -> tuple[Path, Path]:
     a = tmp_path_factory.mktemp("release_a")
     (a / "config.yaml").write_text(yaml.safe_dump(_config()))
     snakemake(a, "--cores", "2", "release")
@@ -98,3 +115,37 @@ def test_the_release_holds_dp_models_and_dp_parameters_only(neighbours):
     assert record["privacy"]["epsilon_spent"] == pytest.approx(float(r["epsilon_spent"]))
     shared = (a / "backbone" / "model.safetensors").stat().st_ino
     assert (a / "models/ours/taft-1/fc/eps8/n1_s0/shard0/backbone/model.safetensors").stat().st_ino == shared
+
+
+def _open_paths(root: Path) -> list[str]:
+    return [f"{p} {stat.S_IMODE(p.stat().st_mode):o}" for p in [root, *root.rglob("*")]
+            if not p.is_symlink() and stat.S_IMODE(p.stat().st_mode) & 0o077]
+
+
+def test_everything_a_dp_study_writes_is_owner_only_under_umask_022(neighbours):
+    a, b = (r.parent.parent for r in neighbours)
+    for w in (a, b):
+        assert _open_paths(w / "results") == [] and _open_paths(w / ".snakemake" / "metadata") == []
+        assert stat.S_IMODE((w / "results" / "split" / "n1_s0" / "shard0.parquet").stat().st_mode) == 0o600
+        assert stat.S_IMODE((w / "results" / "split").stat().st_mode) == 0o700
+
+
+def test_enabling_privacy_late_closes_what_a_non_dp_study_wrote(tmp_path, umask_022):
+    """The N = 2 manifests and non-DP records of an earlier non-DP run are closed by the first
+    run (even a dry run) that has privacy enabled, before any DP job."""
+    cfg = _config()
+    cfg["privacy"]["enabled"] = False
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    old = [tmp_path / "results/split/n2_s0/shard1.parquet", tmp_path / "results/train/nlft-1/n2_s0/shard1.json",
+           tmp_path / "results/prepare/samples.parquet"]
+    for p in old:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("written by a non-DP study")
+    snakemake(tmp_path, "-n", "--cores", "1", "evaluate_all")
+    assert stat.S_IMODE(old[0].stat().st_mode) == 0o644 and _open_paths(tmp_path / "results")  # not a DP study yet
+    cfg["privacy"]["enabled"] = True
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(tmp_path, "-n", "--cores", "1", "release")
+    assert _open_paths(tmp_path / "results") == []
+    assert [stat.S_IMODE(p.stat().st_mode) for p in old] == [0o600] * 3
+    assert stat.S_IMODE((tmp_path / "results" / "split" / "n2_s0").stat().st_mode) == 0o700

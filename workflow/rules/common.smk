@@ -46,6 +46,18 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
         logger.info(_line)
 
 R = "results"
+if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from now on (plan/private_workspace.py)
+    from pipeline_src.plan.private_workspace import owner_only_umask, tighten
+
+    owner_only_umask()
+    tighten([R, ".snakemake"])
+
+    # Snakemake writes its job metadata 0660 whatever the umask: close it when the run ends.
+    onsuccess:
+        tighten([".snakemake"])
+
+    onerror:
+        tighten([".snakemake"])
 
 
 onstart:
