@@ -28,7 +28,7 @@ def _data(n: int = 40):
 
 def _record_modes(model: nn.Sequential) -> list[tuple[bool, bool, bool]]:
     seen = []
-    model[2].register_forward_pre_hook(lambda m, a: seen.append((model[0].training, model[1].training, m.training)))
+    model[1].register_forward_pre_hook(lambda m, a: seen.append((model[0].training, m.training, model[2].training)))
     return seen
 
 
