@@ -4,7 +4,12 @@
 # full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS
 # (common.smk) when privacy.enabled, so `report` (and `all`) build them; `snakemake privacy` builds
 # them alone. The input, params and signature functions are in common.smk.
-from pipeline_src.plan.privacy import PROTOCOLS, private_evaluation_targets, target_epsilon
+from pipeline_src.plan.privacy import (
+    PROTOCOLS,
+    private_evaluation_targets,
+    release_model_files,
+    target_epsilon,
+)
 
 
 wildcard_constraints:
@@ -24,23 +29,13 @@ rule privacy:
         PRIVATE_METRICS_ALL,
 
 
-def release_models(w):
-    """Every DP model file (weights and record) the release exports or reports on."""
-    out = []
-    for m in PRIVATE_METRICS_ALL:
-        base, name = os.path.split(m.replace(f"{R}/metrics/private/", f"{R}/private/", 1))
-        names = [f"shard{i}" for i in range(int(base.rsplit("/n", 1)[1].split("_s")[0]))] if name == "ensemble.parquet" else [name[:-len(".parquet")]]
-        out += [f"{base}/{n}.{ext}" for n in names for ext in ("safetensors", "json")]
-    return sorted(set(out))
-
-
 # The releasable folder of a DP study (docs/privacy.md): the exported DP models and a DP-only
 # report (Table 3 rows, ε, δ, σ, q, steps, C), nothing that counts images, times jobs or depends on
 # non-DP training. `results/report/` is private workspace.
 rule release:
     input:
         metrics=PRIVATE_METRICS_ALL,
-        models=release_models,
+        models=release_model_files(PRIVATE_METRICS_ALL, R),
         backbone=f"{R}/pretrain/model.safetensors",
     output:
         release=directory(f"{R}/release"),
