@@ -63,3 +63,40 @@ def test_train_trainable_only_sets_modes_by_trainable_parameters():
     model = _model().eval()
     train_trainable_only(model)
     assert (model.training, model[0].training, model[1].training, model[2].training) == (True, False, False, True)
+
+
+# taft is not here: its frozen prefix is a copy built in eval mode whose drop-path this hook does
+# not see; its trainer (train_tangent) runs the whole model in eval mode.
+KINDS = {"nlft": {"kind": "nlft", "k": 1}, "last": {"kind": "last", "rank": 8, "heads": 2}}
+
+
+@pytest.mark.parametrize("mode", ["bk", "fast", "ghost", "hooks", "full_batch"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_runs_its_frozen_prefix_in_eval_mode_from_images(kind, mode):
+    """A backbone with drop_path_rate 0.3, trained from images (no feature cache): the frozen
+    blocks' drop-path stays off in every DP forward, for every kind and mode."""
+    from pipeline_src.methods.private import per_example_loss, select_trainable
+    from pipeline_src.methods.registry import build_tuned_model
+    from tests.conftest import tiny_vit
+
+    backbone = tiny_vit(drop_path_rate=0.3).float()
+    model = build_tuned_model(backbone, KINDS[kind], 3, seed=0).double()
+    select_trainable(model, kind, "full", True)
+    if mode == "fast":  # fast has no Conv2d/position-embedding sampler: keep the patch embedding frozen
+        for n, p in model.named_parameters():
+            if "patch_embed" in n or n.endswith(("cls_token", "pos_embed")):
+                p.requires_grad_(False)
+    frozen = [m for m in model.modules() if type(m).__name__ == "DropPath"
+              and not any(p.requires_grad for p in m.parameters())]
+    assert frozen
+    seen = []
+    for m in frozen:
+        m.register_forward_pre_hook(lambda m, a: seen.append(m.training))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 1, 16, 16, dtype=torch.float64, generator=g), torch.randint(0, 3, (20,), generator=g)
+    common = dict(loss_fn=per_example_loss(KINDS[kind]), epochs=1, lr=0.1, epsilon=8.0, delta=1e-3, max_grad_norm=1.0)
+    if mode == "full_batch":
+        train_private_full_batch(model, x, y, micro_batch_size=10, **common)
+    else:
+        train_private(model, x, y, batch_size=10, mode=mode, **common)
+    assert seen and not any(seen)
