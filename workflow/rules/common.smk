@@ -50,7 +50,8 @@ if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from no
     from pipeline_src.plan.private_workspace import owner_only_umask, tighten
 
     owner_only_umask()
-    tighten([R, ".snakemake"])
+    if workflow.is_main_process:  # once per run, not again in each job's parse
+        tighten([R, ".snakemake"])
 
     # Snakemake writes its job metadata 0660 whatever the umask: close it when the run ends.
     onsuccess:
