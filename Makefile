@@ -1,14 +1,21 @@
 # Two commands do all the set-up:
-#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES)
+#   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES);
+#                its results land in results/<experiment>/ (docs/studies.md), and it says where
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
-# and one for the real-data study (README "The Fashion-MNIST study"):
+# and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
-#                        then run studies/fashion_mnist.yaml
-# and three for the pinned environment (README "Pinned environment"):
+#                        then run both regimes: study-fashion-far (studies/fashion_mnist.yaml, the backbone
+#                        pretrained on 5 other classes) and study-fashion-near (studies/fashion_near.yaml, on
+#                        a disjoint pool of all 10 classes' training images); each target runs one alone
+#   make claims-regimes STUDIES="results/a results/b"   one claims table over two or more studies'
+#                        results folders, a column per regime, nearest first (docs/search.md)
+# and three for the pinned environment (docs/environment.md):
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
 #   make conda-env      rewrite workflow/envs/pipeline.yaml (the rules' conda env) from the lock (lock does it too)
 #   make golden  rerun the tiny study on the CPU and rewrite tests/golden/tiny_accuracy.csv
+# and one for the docs (docs/architecture.md, "Tests"):
+#   make docs    regenerate docs/configuration.md from workflow/schemas/config.schema.yaml
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
@@ -23,7 +30,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: study study-fashion test install check-lock lock lock-upgrade conda-env golden clean-results
+.PHONY: claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,17 +46,29 @@ check-lock: install
 
 study: install
 	$(BIN)/snakemake --cores $(CORES)
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where)/ (report: report/index.md)"
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-study-fashion: install
+fashion-mnist-data:
 	@if [ ! -f $(FASHION_MNIST) ]; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y dataset-fashion-mnist; \
 		else echo "Fashion-MNIST is not installed. Run:"; \
 			echo "    sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"; \
-			echo "then: make study-fashion"; exit 1; fi; \
+			echo "then: make $(MAKECMDGOALS)"; exit 1; fi; \
 	fi
+
+study-fashion: study-fashion-far study-fashion-near
+	$(BIN)/python -m pipeline_src.reports.cross_regime results/fashion-near results/fashion-far --out results/fashion-regimes
+	@echo "Both regimes side by side: results/fashion-regimes/claims_by_regime.md"
+
+study-fashion-far: install fashion-mnist-data
 	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_mnist.yaml)/ (report: report/index.md)"
+
+study-fashion-near: install fashion-mnist-data
+	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_near.yaml
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_near.yaml)/ (report: report/index.md)"
 
 test: check-lock
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
@@ -73,8 +92,19 @@ lock-upgrade: $(LOCKENV)/bin/uv
 conda-env:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipeline_src.plan.conda_env
 
+# Two or more studies' results folders (results/<experiment>), and where the table goes.
+STUDIES ?=
+REGIMES_OUT ?= results/regimes
+
+claims-regimes: install
+	$(BIN)/python -m pipeline_src.reports.cross_regime $(STUDIES) --out $(REGIMES_OUT)
+
 golden: install
 	PIPELINE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/e2e/test_golden.py
 
+docs: install
+	$(BIN)/python -m pipeline_src.plan.config_docs
+
+# Every study's results (results/<experiment>/ for each) and Snakemake's metadata.
 clean-results:
 	rm -rf results/* .snakemake

@@ -18,6 +18,7 @@ include: "workflow/rules/common.smk"
 rule all:
     input:
         f"{R}/report",
+        KILLED_REBUILDS,
         # a DP study's releasable folder (privacy.smk: release)
         *([f"{R}/release"] if config["privacy"]["enabled"] else []),
 
@@ -33,3 +34,5 @@ include: "workflow/rules/privacy.smk"
 include: "workflow/rules/forget.smk"
 include: "workflow/rules/last_grid.smk"
 include: "workflow/rules/ablations.smk"
+include: "workflow/rules/select.smk"
+include: "workflow/rules/baselines.smk"

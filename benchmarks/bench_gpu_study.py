@@ -4,10 +4,15 @@ Parts (each a real `snakemake` run in its own work folder under --workdir):
   vitb     `benchmarks/gpu_vitb16.yaml`: the `features` and `train` rules at 224 px with a
            ViT-B/16, batch 256, bfloat16. Each rule runs as its own `--until` phase while
            `nvidia-smi` samples the GPU's utilisation every 200 ms; images/s come from the study's
-           own `results/report/efficiency.csv` (the jobs' counters).
+           own `results/<experiment>/report/efficiency.csv` (the jobs' counters).
   fashion  `studies/fashion_mnist.yaml`, the whole study, timed against issue 23's 5-minute goal
            (`--timeout`; a study cut short reports how many of its jobs finished).
   tiny     `.test/config.yaml`, the test suite's tiny study, end to end.
+  mps      the Fashion-MNIST study's `train` jobs at N = 10 (70 small jobs; a 2-epoch backbone,
+           fusion, forgetting and DP off: only the jobs' sharing of one GPU is measured), run
+           with --cores jobs at once, after a first run that builds their inputs: again as separate
+           CUDA contexts (`train_plain`), then under NVIDIA MPS (`train_mps`)
+           (`nvidia-cuda-mps-control -d`; the row says when the driver offers none) (issue 34).
 Writes one row per (part, phase) to <out-dir>/gpu_study.parquet: device, wall time, jobs done,
 utilisation (mean over the phase, and over its active window: first to last sample above 0 %),
 GPU memory used, and the rule's images/s where the report has it.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import shlex
 import shutil
@@ -28,14 +34,38 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipeline_src.store.atomic import write_parquet  # noqa: E402
 
-STUDIES = {"vitb": "benchmarks/gpu_vitb16.yaml", "fashion": "studies/fashion_mnist.yaml", "tiny": ".test/config.yaml"}
-PHASES = {"vitb": ["pretrain", "features", "train", None], "fashion": [None], "tiny": [None]}
+STUDIES = {"vitb": "benchmarks/gpu_vitb16.yaml", "fashion": "studies/fashion_mnist.yaml", "tiny": ".test/config.yaml",
+           "mps": "studies/fashion_mnist.yaml"}
+PHASES = {"vitb": ["pretrain", "features", "train", None], "fashion": [None], "tiny": [None],
+          "mps": ["pretrain", "train", "train@plain", "train@mps"]}
+MPS_OVERLAY = """backbone: {pretrain: {epochs: 2}}
+shards: [10]
+fusion: {enabled: false}
+forget: {study: {enabled: false}}
+privacy: {enabled: false}
+"""
+MPS_ENV = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"}
+
+
+def start_mps() -> bool:
+    """Start the MPS control daemon (clients find it through MPS_ENV); False where there is none."""
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        return False
+    for d in MPS_ENV.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **MPS_ENV}
+    return subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env).returncode == 0
+
+
+def stop_mps() -> None:
+    subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env={**os.environ, **MPS_ENV})
 SMOKE = """device: cpu
 dataset: {img_size: 32, limit_per_class: 6, val_fraction: 0.2}
 backbone: {timm_name: vit_tiny_patch16_224}
@@ -69,13 +99,14 @@ def utilisation(path: Path) -> dict:
             "gpu_mem_used_max_mb": float(max(m for _, m in rows)), "samples": len(rows)}
 
 
-def run_phase(cmd: list[str], log: Path, util_csv: Path, timeout_s: float) -> dict:
+def run_phase(cmd: list[str], log: Path, util_csv: Path, timeout_s: float, env: dict | None = None) -> dict:
     """Run one snakemake phase with the sampler on; returns wall time, jobs done and utilisation."""
     sampler = gpu_sampler(util_csv)
     start = time.perf_counter()
     finished = True
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -121,6 +152,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=330.0, help="seconds per phase before it is stopped")
     p.add_argument("--snakemake-args", default="", help="more snakemake arguments, e.g. '--scheduler greedy'")
     p.add_argument("--smoke", action="store_true", help="CPU and tiny sizes: checks this script, measures nothing")
+    p.add_argument("--mps", action="store_true", help="run every phase under NVIDIA MPS (the mps part's own phases choose)")
     args = p.parse_args()
     parts = args.part or ["vitb", "fashion"]
     workdir = Path(args.workdir).resolve()
@@ -133,6 +165,8 @@ def main() -> None:
         text = f"device: {'cpu' if args.smoke else 'cuda'}\n"
         if part != "tiny":
             text += f"dataset:\n  path: {Path(args.data).resolve()}\n"
+        if part == "mps":
+            text += MPS_OVERLAY
         overlay.write_text(text)
         configs = [str(REPO / STUDIES[part]), str(overlay)]
         if args.smoke:
@@ -140,20 +174,30 @@ def main() -> None:
             configs.append(str(wd / "smoke.yaml"))
         part_rows = []
         for phase in PHASES[part]:
-            name = phase or "all"
+            name = (phase or "all").replace("@", "_")
+            rule, _, mode = (phase or "").partition("@")
             cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(wd),
                    "--cores", str(args.cores), "--configfile", *configs]
             cmd += shlex.split(args.snakemake_args)
-            if phase:
-                cmd += ["--until", phase]
+            if rule:
+                cmd += ["--until", rule]
+            env, mps = None, None
+            if mode:  # the same jobs again (the first run also built their inputs): plain, then under MPS
+                cmd += ["--forcerun", rule]
+            if mode == "mps" or (args.mps and not mode):
+                mps = start_mps()
+                env = MPS_ENV if mps else None
             print(f"=== {part}/{name}: {' '.join(cmd)}", flush=True)
-            row = run_phase(cmd, wd / f"{name}.log", wd / f"{name}.util.csv", args.timeout)
-            part_rows.append({"part": part, "phase": name, "device": device, **row})
+            row = run_phase(cmd, wd / f"{name}.log", wd / f"{name}.util.csv", args.timeout, env)
+            if mps:
+                stop_mps()
+            part_rows.append({"part": part, "phase": name, "device": device, "mps": mps, **row})
             print(f"    {row}", flush=True)
             if not row["finished"]:
                 break
-        rates = rule_rates(wd / "results" / "report" / "efficiency.csv")
-        for row in part_rows:  # a phase named after a rule gets that rule's figures
+        study = yaml.safe_load((REPO / STUDIES[part]).read_text())["experiment"]  # results/<experiment>/
+        rates = rule_rates(wd / "results" / study / "report" / "efficiency.csv")
+        for row in part_rows:  # a phase named after a rule gets that rule's figures (a whole-study run's table)
             rate = rates.get(row["phase"], {})
             for key in ("images", "images_per_s", "gflop_per_s", "in_step_pct"):
                 row[key] = float(rate[key]) if rate.get(key) not in (None, "") else None

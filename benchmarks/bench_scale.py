@@ -190,7 +190,7 @@ def run_size(label: str, cfg: dict, images: int, sizes: dict, args) -> list[dict
     (study.parent / "snakemake.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise SystemExit(f"study {label} failed; see {study.parent / 'snakemake.log'}")
-    results = study / "results"
+    results = study / "results" / cfg["experiment"]  # the study's folder (pipeline_src/plan/studies.py)
     sizes = {**sizes, "images": images, "cores": args.cores, "studies": sorted(args.studies)}
     rows = []
     for rule, jobs in sorted(job_peaks(results).items()):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU benchmarks (ViT-B/16, batch 32) on a CUDA machine and collect their Parquet rows.
 #   bash benchmarks/run_gpu.sh [OUT_DIR]      (default results/benchmarks)
-# Each script writes <name>.parquet and prints its ratio table; see README "Benchmarks".
+# Each script writes <name>.parquet and prints its ratio table; see docs/performance.md, "Benchmarks".
 set -uo pipefail
 out="${1:-results/benchmarks}"
 mkdir -p "$out"

@@ -34,6 +34,20 @@ def snakemake(workdir: Path, *args: str, check: bool = True, timeout: float | No
     return proc
 
 
+def results_of(workdir: Path, experiment: str | None = None) -> Path:
+    """A study's results folder in `workdir`: `results/<experiment>` (`plan/studies.py`).
+
+    Args:
+        workdir: Snakemake's --directory.
+        experiment: the study's name (default: the `experiment` of `workdir/config.yaml`).
+    """
+    if experiment is None:
+        import yaml
+
+        experiment = yaml.safe_load((workdir / "config.yaml").read_text())["experiment"]
+    return workdir / "results" / experiment
+
+
 def planned_outputs(proc: subprocess.CompletedProcess) -> list[str]:
     """The output files a (dry) run lists."""
     return re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, flags=re.M)

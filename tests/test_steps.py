@@ -18,7 +18,7 @@ def rules_with_scripts() -> dict[str, str]:
             script = re.search(r'script:\s*\n\s*"([^"]+)"', block)
             if not m or not script:
                 continue
-            name = m[1] or "train_vectorized_m_n4"  # rules named in `name:` (one per method and N)
+            name = m[1] or "train_vectorized_m_n4_s0"  # rules named in `name:` (one per method, N and seed)
             out[name] = script[1]
     return out
 

@@ -29,13 +29,36 @@ def _digits(size: int, chans: int) -> np.ndarray:
     return (x.clamp(0, 1) * 255).round().to(torch.uint8).contiguous().numpy()
 
 
+def to_8bit(im):
+    """An image of more than 8 bits per sample scaled to 8 (`L`), as torchvision reads it
+    (`torchvision.io.decode_image`, then `v2.functional.to_dtype(..., torch.uint8, scale=True)`).
+    PIL's own `convert("L")` clips them at 255 instead: a 16-bit PNG came out saturated.
+
+    Args:
+        im: a PIL image. `I;16*`: the top 8 of 16 bits; `I` (what older Pillows open a 16-bit PNG
+            as) is read as 16-bit samples the same way; `F`: floats in [0, 1], times 255.999 and
+            floored, as `to_dtype` does. Every other mode (`1`, `L`, `LA`, `P` with or without
+            transparency, `RGB(A)`, `CMYK`, ...) is returned as it is: `convert("RGB")`/`("L")`
+            then gives torchvision's `pil_loader` and timm's loader result (alpha dropped).
+    """
+    from PIL import Image
+
+    if im.mode.startswith("I;16") or im.mode == "I":
+        a = np.clip(np.asarray(im, dtype=np.int64), 0, 65535) >> 8
+    elif im.mode == "F":
+        a = np.clip(np.asarray(im, dtype=np.float64), 0.0, 1.0) * (255.0 + 1.0 - 1e-3)
+    else:
+        return im
+    return Image.fromarray(a.astype(np.uint8), "L")
+
+
 def decode_image(path: str, size: int, chans: int, sample_id: str) -> np.ndarray:
     """One image file as uint8 (C, size, size); an unreadable file is an error naming it."""
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            arr = np.asarray(im.convert("L" if chans == 1 else "RGB").resize((size, size), Image.BILINEAR))
+            arr = np.asarray(to_8bit(im).convert("L" if chans == 1 else "RGB").resize((size, size), Image.BILINEAR))
     except decode_errors() as e:
         raise ValueError(f"sample {sample_id}: cannot read image {path}: {type(e).__name__}: {e} "
                          "(dataset.skip_corrupt: true skips such files)") from e

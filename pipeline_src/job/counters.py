@@ -30,6 +30,9 @@ _DEVICE: dict[str, str] = {}
 # Images of the job's progress lines (`data/throughput.py`): the job's images when no model loop
 # counts them itself (e.g. `features`), with no FLOPs.
 LOGGED: dict[str, int] = {"images": 0}
+# Bytes autograd saved for backward in the job's first training batch, and its size
+# (`job/training_memory.py`; None: not measured).
+ACTIVATIONS: dict[str, int | None] = {"bytes": None, "batch": None}
 
 
 def reset() -> None:
@@ -37,6 +40,7 @@ def reset() -> None:
     PHASES.clear()
     _DEVICE.clear()
     LOGGED["images"] = 0
+    ACTIVATIONS.update(bytes=None, batch=None)
 
 
 def note_logged_images(n: int) -> None:
@@ -74,19 +78,23 @@ def count_flops(fn, *args, **kwargs) -> tuple[object, int]:
 
 
 @contextmanager
-def counting(phase: str, images: int, device: torch.device | str | None = None) -> Iterator[None]:
+def counting(phase: str, images: int, device: torch.device | str | None = None,
+             memory: bool = False) -> Iterator[None]:
     """Count a batch of `images` under `phase`; the phase's first batch also counts its FLOPs.
 
     Args:
         phase: what the model does (`train`: forward, backward and update; `eval`: forward).
         images: images (or feature rows) in the batch.
         device: where the model runs (recorded with the counters).
+        memory: the first batch also measures the activations autograd saves (`job/training_memory.py`;
+            plain autograd loops only: torch.func transforms and Opacus' hooks are left alone).
     """
     p = PHASES.setdefault(phase, Phase())
     if device is not None and "device" not in _DEVICE:
         _DEVICE["device"] = str(device).split(":")[0]
     if p.flops_per_image is None and images > 0:
-        with flop_counter() as counter:
+        # the first training batch also measures the activations it saves (training memory, Table 7)
+        with flop_counter() as counter, measure_first_batch(images if memory else 0):
             yield
         p.flops_per_image = counter.get_total_flops() / images
     else:
@@ -100,3 +108,48 @@ def counted(phase: str, fn, device: torch.device | str | None = None):
         with counting(phase, len(x), device):
             return fn(x)
     return call
+
+
+@contextmanager
+def saved_activation_bytes() -> Iterator[list[int]]:
+    """Sum the bytes autograd saves for backward inside the block (a one-item list, filled as it runs).
+
+    Parameters and views of parameters are weights, not activations: left out. A storage saved by
+    several ops counts once.
+    """
+    import torch
+    from torch import nn
+
+    seen: set[int] = set()
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if not isinstance(base, nn.Parameter):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total[0] += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield total
+
+
+def measure_first_batch(images: int):
+    """A context for one training batch: measures its saved activations if no batch of this job has."""
+    if ACTIVATIONS["bytes"] is not None or images <= 0:
+        return _nothing()
+    return _measure(images)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _measure(images: int) -> Iterator[None]:
+    with saved_activation_bytes() as total:
+        yield
+    ACTIVATIONS.update(bytes=total[0], batch=images)

@@ -114,7 +114,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
     steps_per_epoch = -(-n // batch_size)
     for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):
         batch = [z.to(dev) for z in source.batch(idx, keys).values()]
-        with counting("train", len(idx), dev):
+        with counting("train", len(idx), dev, memory=True):
             loss = F.cross_entropy(net(batch), labels[idx].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pipeline_src.plan.studies import add_study_args, in_study
 from pipeline_src.store.atomic import write_json
 
 DP_RECORD_KEYS = ("kind", "composition", "method", "method_config", "regime", "trained_parameters", "dp_settings",
@@ -145,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("model", help="a .safetensors model with its .json record beside it")
     parser.add_argument("dest", help="the export folder to create")
     parser.add_argument("--backbone", help="backbone folder (default: <results>/pretrain)")
+    add_study_args(parser)  # --study / --configfile: `model` is then a path inside that study's folder
     a = parser.parse_args(argv)
+    a.model = in_study(a.model, a)
     dest = export_model(a.model, a.dest, a.backbone)
     record = json.loads((dest / "model.json").read_text())
     what = "DP model (no member ids)" if is_private(record) else "model"

@@ -1,7 +1,7 @@
 """Facts about each method kind, without importing torch: the one place that branches on a
 method's `kind` for the DAG, the studies and the steps (`kind ==` appears only in methods/).
 
-Kinds (README "Methods in the DAG"): `fc` (the head; linear probing), `nlft` (last k blocks;
+Kinds (docs/methods.md): `fc` (the head; linear probing), `nlft` (last k blocks;
 the non-linear baseline of TAFT), `full`, `taft` (a tangent model of the last k blocks; Liu,
 Soatto et al., ICLR 2024) and `last` (a low-rank attention side network; Tang et al. 2024).
 """
@@ -24,6 +24,10 @@ class Kind:
         private: DP training is supported (the privacy study).
         fusable: the shard models have attention to match (the fusion study).
         side: a side network on the frozen backbone's block outputs (the LAST grid study's base).
+        searched: the validation search covers it (`plan/search.py`; the TAFT paper's App. A: a
+            learning-rate grid; tangent kinds also PT and CLS).
+        vectorized: all N shard models can train in one job, stacked over shards (`vectorized_shards`).
+        auto_vectorized: `vectorized_shards: auto` may pick that job (measured: plan/vectorized.py).
     """
 
     name: str
@@ -33,14 +37,19 @@ class Kind:
     private: bool = False
     fusable: bool = False
     side: bool = False
+    searched: bool = True
+    vectorized: bool = False
+    auto_vectorized: bool = False
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("fc"),
-    Kind("nlft", required=("k",), tuned_blocks=True, private=True, fusable=True),
+    Kind("fc", vectorized=True, auto_vectorized=True),
+    Kind("nlft", required=("k",), tuned_blocks=True, private=True, fusable=True, vectorized=True, auto_vectorized=True),
     Kind("full"),
-    Kind("taft", required=("k",), tuned_blocks=True, tangent=True, private=True),
-    Kind("last", required=("rank", "heads"), private=True, fusable=True, side=True),
+    Kind("taft", required=("k",), tuned_blocks=True, tangent=True, private=True, vectorized=True,
+         auto_vectorized=True),
+    Kind("last", required=("rank", "heads"), private=True, fusable=True, side=True, vectorized=True,
+         auto_vectorized=True),
 )}
 
 

@@ -24,7 +24,7 @@ from pipeline_src.methods.nonlinear import TailFineTune
 from pipeline_src.methods.training import cross_entropy, fit
 from pipeline_src.taft.tangent_vit import TangentViT
 from pipeline_src.taft.train import train_tangent
-from pipeline_src.vit.parts import reset_head
+from pipeline_src.vit.parts import reinit_all, reset_head
 
 
 class TunedModel(Protocol):
@@ -75,6 +75,8 @@ def get_method(kind: str) -> Method:
 def build_tuned_model(backbone: VisionTransformer, method_cfg: dict, num_classes: int, seed: int) -> TunedModel:
     """A fresh tuned model: a copy of the backbone, a seeded downstream head, the method's wrapper."""
     model = copy.deepcopy(backbone)
+    if method_cfg.get("init") == "random":  # `full` from scratch: the architecture, none of the pretraining
+        reinit_all(model, seed)
     reset_head(model, num_classes, seed)
     return get_method(method_cfg["kind"]).build(model, method_cfg)
 
@@ -203,12 +205,25 @@ def train_last(model: SideTuned, features, labels, settings: dict, seed: int, de
                                epochs=settings["epochs"], batch_size=settings["batch_size"], seed=seed,
                                progress=progress, schedule=settings.get("schedule"))
     model.load_trainable_state(state)
-    n, b = min(512, len(labels)), settings["batch_size"]
-    with torch.no_grad():  # a training batch at a time: the job's memory stays that of one batch
-        loss = sum(F.cross_entropy(model.forward_from_prefix(features[torch.arange(s, min(s + b, n))]),
-                                   labels[s:min(s + b, n)], reduction="sum").item() for s in range(0, n, b)) / n
+    loss = first_samples_loss(model, features, labels, settings["batch_size"])
     print(f"{desc}: final training loss (first 512 samples) {loss:.4f}", flush=True)
     return {"train_loss": loss}
+
+
+@torch.no_grad()
+def first_samples_loss(model: TunedModel, features, labels: torch.Tensor, batch_size: int, n: int = 512) -> float:
+    """Mean cross-entropy of the model on the first `n` training samples, a training batch at a
+    time (the job's memory stays that of one batch): LAST's reported training loss.
+
+    Args:
+        model: the trained tuned model.
+        features, labels: its training data (features index like a tensor).
+        batch_size: samples per forward.
+        n: samples scored (fewer when the shard is smaller).
+    """
+    n, b = min(n, len(labels)), batch_size
+    return sum(F.cross_entropy(model.forward_from_prefix(features[torch.arange(s, min(s + b, n))]),
+                               labels[s:min(s + b, n)], reduction="sum").item() for s in range(0, n, b)) / n
 
 
 register_method(Method(

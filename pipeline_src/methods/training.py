@@ -65,7 +65,7 @@ def fit(
         total = 0.0
         for start in range(0, len(inputs), batch_size):
             idx = order[start:start + batch_size]
-            with counting("train", len(idx), inputs.device):
+            with counting("train", len(idx), inputs.device, memory=True):
                 loss = loss_fn(forward(inputs[idx]), labels[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

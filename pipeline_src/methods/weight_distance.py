@@ -8,6 +8,7 @@ taft, where the distance is ‖Δw‖, and the seeded initial head or side netwo
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -30,15 +31,24 @@ def state_distance(state: dict[str, torch.Tensor], start: dict[str, torch.Tensor
     return total ** 0.5
 
 
-def distance_from_start(backbone_dir: str | Path, weights_path: str | Path, backbone=None) -> float:
+def distance_from_start(backbone_dir: str | Path, weights_path: str | Path, backbone=None,
+                        starts: dict | None = None) -> float:
     """The L2 distance of a trained (or composed) model's tensors from their starting values.
 
     Args:
         backbone_dir: folder of the pretrained backbone (`load_backbone`).
         weights_path: the model's `.safetensors` file (with its record beside it).
         backbone: `load_backbone(backbone_dir)`, already loaded; it is copied, not changed.
+        starts: a cache of starting states that several calls of one job share (a method's shard
+            models share one start: one head seed), keyed by method settings, classes and head
+            seed; each start is then built once, not once per model.
     """
-    backbone, _ = backbone or load_backbone(backbone_dir)
     state, record = load_model(weights_path)
-    start = build_tuned_model(backbone, record["method_config"], record["num_classes"], record["head_seed"])
-    return state_distance(state, start.trainable_state())
+    key = (json.dumps(record["method_config"], sort_keys=True), record["num_classes"], record["head_seed"])
+    if starts is None or key not in starts:
+        loaded, _ = backbone or load_backbone(backbone_dir)
+        start = build_tuned_model(loaded, record["method_config"], record["num_classes"], record["head_seed"])
+        if starts is None:
+            return state_distance(state, start.trainable_state())
+        starts[key] = start.trainable_state()
+    return state_distance(state, starts[key])

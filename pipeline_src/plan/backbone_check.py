@@ -106,3 +106,70 @@ def check_vit_keys(tensors: dict[str, dict], depth: int | None, embed_dim: int |
     width = tensors["patch_embed.proj.weight"]["shape"][0]
     if embed_dim is not None and width != embed_dim:
         raise ValueError(f"patch_embed.proj.weight has width {width}, backbone.arch.embed_dim is {embed_dim}")
+
+
+def safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The `__metadata__` strings of a safetensors header ({} when it has none).
+
+    Args:
+        path: a `.safetensors` file that `safetensors_header` accepted.
+    """
+    with Path(path).open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        meta = json.loads(f.read(n)).get("__metadata__") or {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def recorded_num_heads(path: str | Path) -> tuple[int, str] | None:
+    """The head count a checkpoint records, and where: its safetensors metadata (`num_heads`) or the
+    record the pipeline writes beside a backbone (`<stem>.json` or `backbone.json`, `vit_kwargs`).
+    None: nowhere (shapes cannot show it: `qkv` is (3·D, D) for every split of D into heads)."""
+    path = Path(path)
+    meta = safetensors_metadata(path)
+    if str(meta.get("num_heads", "")).isdigit():
+        return int(meta["num_heads"]), "its metadata"
+    for record in (path.with_suffix(".json"), path.parent / "backbone.json"):
+        try:
+            heads = json.loads(record.read_text())["vit_kwargs"]["num_heads"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(heads, int):
+            return heads, str(record)
+    return None
+
+
+def check_vit_shapes(tensors: dict[str, dict], arch: dict, in_chans: int) -> None:
+    """Check the tensor shapes of a ViT state dict against `backbone.arch`, from the header alone.
+
+    A checkpoint of another `patch_size`, `mlp_ratio`, width, `qkv_bias`, class token or LayerScale
+    passes a key check and fails only in the job, whose outputs Snakemake then deletes. The position
+    embedding's token count is not checked: it is resampled to the study's grid.
+
+    Args:
+        tensors: entries from `safetensors_header` (after `check_vit_keys`).
+        arch: `backbone.arch` (patch_size, embed_dim, mlp_ratio, qkv_bias, class_token, init_values).
+        in_chans: `dataset.in_chans`.
+    Raises:
+        ValueError: naming the tensor, its shape, the expected shape and the arch key.
+    """
+    d, p = arch["embed_dim"], arch["patch_size"]
+    hidden = int(d * arch["mlp_ratio"])  # timm's Mlp: hidden_features = int(dim * mlp_ratio)
+    expect = {"patch_embed.proj.weight": ([d, in_chans, p, p], "patch_size, embed_dim and dataset.in_chans")}
+    for i in sorted({int(k.split(".")[1]) for k in tensors if k.startswith("blocks.") and k.split(".")[1].isdigit()}):
+        b = f"blocks.{i}."
+        expect[b + "attn.qkv.weight"] = ([3 * d, d], "embed_dim")
+        expect[b + "mlp.fc1.weight"] = ([hidden, d], f"mlp_ratio ({arch['mlp_ratio']} x embed_dim {d} = {hidden})")
+        expect[b + "mlp.fc2.weight"] = ([d, hidden], f"mlp_ratio ({arch['mlp_ratio']} x embed_dim {d} = {hidden})")
+        if arch["qkv_bias"] != (b + "attn.qkv.bias" in tensors):
+            raise ValueError(f"{'has no' if arch['qkv_bias'] else 'has a'} '{b}attn.qkv.bias', backbone.arch.qkv_bias "
+                             f"is {arch['qkv_bias']}")
+        if (arch["init_values"] is not None) != (b + "ls1.gamma" in tensors):
+            raise ValueError(f"{'has no' if arch['init_values'] is not None else 'has a'} LayerScale '{b}ls1.gamma', "
+                             f"backbone.arch.init_values is {arch['init_values']}")
+    if arch["class_token"] != ("cls_token" in tensors):
+        raise ValueError(f"{'has no' if arch['class_token'] else 'has a'} 'cls_token', backbone.arch.class_token "
+                         f"is {arch['class_token']}")
+    for name, (shape, keys) in expect.items():
+        got = tensors.get(name, {}).get("shape")
+        if got is not None and list(got) != shape:
+            raise ValueError(f"tensor '{name}' has shape {list(got)}, backbone.arch needs {shape} ({keys})")

@@ -27,6 +27,7 @@ from pipeline_src.plan.fusion import check_fusion_config
 from pipeline_src.plan.last_grid import check_last_grid_config
 from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
+from pipeline_src.plan.search import expand_search
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 
@@ -89,14 +90,23 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     if errors:
         err = errors[0]
         raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
+    if cfg["features"]["cache"] == "auto":  # the prefix is cheaper to recompute than to read on a GPU (schema)
+        cfg["features"]["cache"] = cfg["device"] != "cuda"
+    expand_search(cfg)  # the grid points are methods: the checks below see them too
     _check_semantics(cfg, count_samples, cache_dir)
     return cfg
 
 
-def _check_external_backbone(bcfg: dict) -> None:
+def _check_external_backbone(bcfg: dict, in_chans: int) -> None:
     """A bad checkpoint or timm name must fail here: found in `pretrain`, it would cost the
     previous backbone (Snakemake deletes a failed job's outputs)."""
-    from pipeline_src.plan.backbone_check import check_torch_file, check_vit_keys, safetensors_header
+    from pipeline_src.plan.backbone_check import (
+        check_torch_file,
+        check_vit_keys,
+        check_vit_shapes,
+        recorded_num_heads,
+        safetensors_header,
+    )
 
     if bcfg["timm_name"]:
         import timm  # only for a timm name: the default study's parse stays free of torch
@@ -110,8 +120,14 @@ def _check_external_backbone(bcfg: dict) -> None:
         if bcfg["checkpoint"].endswith(".safetensors"):
             named = bcfg["timm_name"]  # a timm architecture has its own depth and width
             arch = bcfg["arch"]
-            check_vit_keys(safetensors_header(bcfg["checkpoint"]), None if named else arch["depth"],
-                           None if named else arch["embed_dim"])
+            tensors = safetensors_header(bcfg["checkpoint"])
+            check_vit_keys(tensors, None if named else arch["depth"], None if named else arch["embed_dim"])
+            if not named:  # a timm name brings its own architecture
+                check_vit_shapes(tensors, arch, in_chans)
+                heads = recorded_num_heads(bcfg["checkpoint"])
+                if heads is not None and heads[0] != arch["num_heads"]:
+                    raise ValueError(f"{heads[1]} records num_heads {heads[0]}, backbone.arch.num_heads is "
+                                     f"{arch['num_heads']}")
         else:
             check_torch_file(bcfg["checkpoint"])
     except (OSError, ValueError) as e:
@@ -121,8 +137,9 @@ def _check_external_backbone(bcfg: dict) -> None:
 def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | None) -> None:
     depth = cfg["backbone"]["arch"]["depth"]
     if cfg["backbone"]["source"] == "pretrain":
-        if not cfg["dataset"]["source_classes"]:
-            raise ConfigError("config key 'dataset.source_classes': backbone.source 'pretrain' needs source classes to pretrain on")
+        if not cfg["dataset"]["source_classes"] and not cfg["dataset"]["pretrain_pool"]:
+            raise ConfigError("config key 'dataset.source_classes': backbone.source 'pretrain' needs source classes "
+                              "(or dataset.pretrain_pool) to pretrain on")
         arch = cfg["backbone"]["arch"]
         if arch["embed_dim"] % arch["num_heads"]:
             raise ConfigError("config key 'backbone.arch.num_heads': must divide embed_dim "
@@ -138,7 +155,10 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         if not Path(ckpt).is_file():
             raise ConfigError(f"config key 'backbone.checkpoint': file not found: {ckpt}")
     if cfg["backbone"]["source"] != "pretrain":
-        _check_external_backbone(cfg["backbone"])
+        _check_external_backbone(cfg["backbone"], cfg["dataset"]["in_chans"])
+        if cfg["dataset"]["pretrain_pool"]:
+            raise ConfigError("config key 'dataset.pretrain_pool': only for backbone.source 'pretrain' "
+                              f"(backbone.source is '{cfg['backbone']['source']}')")
     if cfg["dataset"]["source"] == "imagefolder":
         _check_dataset_path(cfg["dataset"], cache_dir)
     elif cfg["dataset"]["layout"] != "folders" or cfg["dataset"]["skip_corrupt"]:
@@ -252,10 +272,10 @@ def _train_count(cfg: dict, cache_dir: str | Path | None) -> int:
     loading it imports sklearn, seconds per dry run). An ImageFolder is listed every time."""
     if cfg["dataset"]["source"] != "digits":
         return count_train_samples(cfg)
-    from pipeline_src.plan import samples
+    from pipeline_src.plan import pretrain_pool, samples
 
     key = {"dataset": cfg["dataset"], "seed": cfg["seed"], "sklearn": package_version("scikit-learn"),
-           "code": hashlib.sha256(Path(samples.__file__).read_bytes()).hexdigest()}
+           "code": hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (samples, pretrain_pool))).hexdigest()}
     return cached(cache_dir, "train_count", key, lambda: count_train_samples(cfg))
 
 

@@ -36,12 +36,13 @@ class SampleList:
     source_rows: list[int] | None = None  # per sample, its row in the source's own arrays (digits, idx)
     class_order: list[str] | None = None  # label order of the classes, when the source fixes one (idx)
     val_from_train: bool = False  # given splits are train/test; val is drawn from train by the keyed hash (idx)
+    tasks: list[str] | None = None  # per sample, once `dataset.pretrain_pool` has been drawn (plan/pretrain_pool.py)
 
     def pick(self, keep: list[int]) -> SampleList:
         """The listing of only these samples (positions, in order); what was skipped stays recorded."""
         sel = (lambda xs: None if xs is None else [xs[k] for k in keep])
         return replace(self, sample_ids=sel(self.sample_ids), class_names=sel(self.class_names), paths=sel(self.paths),
-                       splits=sel(self.splits), source_rows=sel(self.source_rows))
+                       splits=sel(self.splits), source_rows=sel(self.source_rows), tasks=sel(self.tasks))
 
 
 def _class_folders(root: Path, id_prefix: str) -> tuple[dict[str, list[tuple[str, str]]], list[str]]:

@@ -1,6 +1,6 @@
 """The environment a result was made in, and the pinned one it should have been made in.
 
-Three things, for the README's "Pinned environment" (issue 17):
+Three things, for docs/environment.md (issue 17):
 - `fingerprint()`: a compact record of what moves the numbers (Python, torch with its CUDA and
   cuDNN, timm, opacus, snakemake, numpy, and the git commit with a dirty flag). Every model
   record, metrics row and benchmark row carries it.

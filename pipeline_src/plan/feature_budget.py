@@ -125,12 +125,12 @@ def human_size(num_bytes: int) -> str:
 
 
 def image_store_line(cfg: dict, num_samples: int) -> str:
-    """The size of `prepare`'s image store (uint8 N x C x H x W, `results/prepare/images.npy`),
+    """The size of `prepare`'s image store (uint8 N x C x H x W, `results/<experiment>/prepare/images.npy`),
     which every study builds: one line for validation to print beside the caches."""
     d = cfg["dataset"]
     size = num_samples * d["in_chans"] * d["img_size"] ** 2
-    return (f"image store 'results/prepare/images.npy': {human_size(size)} ({num_samples} images x {d['in_chans']} x "
-            f"{d['img_size']} x {d['img_size']} x uint8)")
+    return (f"image store 'results/{cfg.get('experiment', '<experiment>')}/prepare/images.npy': {human_size(size)} "
+            f"({num_samples} images x {d['in_chans']} x {d['img_size']} x {d['img_size']} x uint8)")
 
 
 def budget_report(cfg: dict, num_samples: int) -> tuple[list[str], str | None]:

@@ -9,7 +9,8 @@ Papers:
 A forget request is a file of sample ids (text: one per line; CSV: a `sample_id` column or a
 single column), named by `forget.requests` in the config. It is validated against the samples
 table as a whole before any job runs (unknown, duplicate, test/val or source-task ids are
-errors naming the id), so nothing is ever half-applied. The samples table and the shard
+errors naming the id; an id of the backbone's pretraining pool, `dataset.pretrain_pool`, is refused
+as such: forgetting it needs a new backbone), so nothing is ever half-applied. The samples table and the shard
 manifests are pure functions of the config (`datasets.assign_splits`,
 `sharding.shard_manifest`), so the shard of every forgotten id is known at DAG-build time and
 only the affected shards' manifests change.
@@ -17,6 +18,7 @@ only the affected shards' manifests change.
 from __future__ import annotations
 
 import csv
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -46,7 +48,7 @@ def read_request(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ForgetRequestError(f"forget request file not found: {path}")
-    lines = [ln.strip() for ln in path.read_text().splitlines()]
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines()]  # -sig: an editor's BOM
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
     if path.suffix.lower() != ".csv":
         return lines
@@ -59,12 +61,13 @@ def read_request(path: str | Path) -> list[str]:
     return [r[0].strip() for r in rows]
 
 
-def validate_request(ids: Sequence[str], samples: pa.Table) -> list[str]:
+def validate_request(ids: Sequence[str], samples: pa.Table, pool: dict | None = None) -> list[str]:
     """Check every id of a request and return them sorted.
 
     Args:
         ids: the requested sample ids.
         samples: the samples table (`datasets.SAMPLES_SCHEMA`).
+        pool: `dataset.pretrain_pool` when the source task is that pool (its ids are refused by name).
     Raises:
         ForgetRequestError: naming the first duplicate, unknown, non-training or source-task id.
     """
@@ -83,6 +86,10 @@ def validate_request(ids: Sequence[str], samples: pa.Table) -> list[str]:
         if i not in where:
             raise ForgetRequestError(f"forget request: unknown sample id '{i}'")
         task, split = where[i]
+        if task != "target" and pool:
+            raise ForgetRequestError(f"forget request: sample id '{i}' is in the backbone's pretraining pool "
+                                     f"(dataset.pretrain_pool, key pool/{pool['seed']}), which no fine-tuned model "
+                                     "trains on; forgetting it needs a new backbone (pretrained without it)")
         if task != "target":
             raise ForgetRequestError(f"forget request: sample id '{i}' belongs to the {task} (pretraining) task, "
                                      "which no fine-tuned model trains on; forgetting it needs a new backbone")
@@ -118,7 +125,7 @@ def requested_ids(cfg: dict) -> list[str]:
     path = cfg["forget"]["requests"]
     if not path:
         return []
-    return validate_request(read_request(path), samples_table(cfg))
+    return validate_request(read_request(path), samples_table(cfg), cfg["dataset"].get("pretrain_pool"))
 
 
 def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list[str]]:
@@ -140,7 +147,7 @@ def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list
 @lru_cache(maxsize=64)
 def _forgotten_in(dataset_key: str, data_seed: int, path: str, shards: int, seed: int) -> dict[int, list[str]]:
     samples = _samples_of(dataset_key, data_seed)
-    ids = validate_request(read_request(path), samples)
+    ids = validate_request(read_request(path), samples, json.loads(dataset_key).get("pretrain_pool"))
     return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
 
 
@@ -225,8 +232,8 @@ def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
                 raise ConfigError(f"config key 'forget.study.removed_shards': removing {r} of {n} shards "
                                   f"(forget.study.shards) leaves no model")
     for f in study["forget_fractions"]:
-        if not 0 < f < 1:
-            raise ConfigError(f"config key 'forget.study.forget_fractions': {f} is not in (0, 1)")
+        if not 0 <= f < 1:  # 0: requests of one sample each (random_request)
+            raise ConfigError(f"config key 'forget.study.forget_fractions': {f} is not in [0, 1)")
 
 
 def nonlinear_paragon(cfg: dict, method: str) -> tuple[str, dict] | None:
@@ -256,7 +263,8 @@ def random_request(ids: Sequence[str], fraction: float, seed: int, request: int)
 
     Args:
         ids: the current training ids (sorted; any order gives the same result after sorting).
-        fraction: the forgotten fraction.
+        fraction: the forgotten fraction; 0 is a request of exactly one sample (one person asks to be
+            removed), which touches one shard, as the unlearning-cost claim needs.
         seed, request: seed the draw (with the fraction), so every strategy sees the same ids.
     """
     ids = sorted(ids)

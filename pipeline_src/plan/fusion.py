@@ -21,6 +21,7 @@ import json
 from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.methods.kinds import matchable_blocks as blocks_of_kind
 from pipeline_src.plan.errors import ConfigError
+from pipeline_src.plan.search import is_variant
 
 MATCHINGS = ("none", "permutation", "rotation", "rotation-scaling")
 INITS = ("shared", "random_reinit")
@@ -35,7 +36,8 @@ class FusionConfigError(ConfigError):
 def fusion_methods(cfg: dict) -> list[str]:
     """Method names of the study: `fusion.methods`, or every nlft/last method when empty."""
     names = cfg["fusion"]["methods"]
-    return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).fusable]
+    return list(names) if names else [n for n, m in cfg["methods"].items()
+                                      if kind_of(m).fusable and not is_variant(cfg, n)]
 
 
 def fusion_shards(cfg: dict) -> list[int]:

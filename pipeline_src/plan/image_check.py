@@ -9,20 +9,21 @@ image is a config error naming it, before any job starts, and `results/` stays a
 table, the image store and every id list agree, and prepare writes the dropped files to
 `results/prepare/corrupt.csv` (shard members are computed from the listing when the DAG is
 built, so a sample that `prepare` alone dropped would still be in some shard). Verdicts are
-cached per file (path, size, mtime) under the parse cache, so later parses decode only new or
-changed files: the first parse of 30,000 images decodes them all (README, "Real data").
+cached per file (path, size, mtime, ctime) under the parse cache, so later parses decode only new or
+changed files: the first parse of 30,000 images decodes them all (docs/datasets-and-backbones.md, "Corrupt images"). The
+stamp holds the ctime too: a chmod, or contents replaced under a kept size and mtime (`cp -p`,
+`rsync -t`, `touch -r`), changes it, and the file is decoded again.
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline_src.plan.cache import read_entry, write_entry
 from pipeline_src.plan.dataset_layouts import SampleList
-from pipeline_src.store.atomic import write_json
 
 CACHE_FILE = "image_check.json"
 _cache_dir: Path | None = None
@@ -55,7 +56,7 @@ def check_image(path: str) -> str | None:
 
 def _stamp(path: str) -> list[int]:
     st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def corrupt_images(paths: list[str], threads: int | None = None) -> dict[str, str]:
@@ -71,21 +72,18 @@ def corrupt_images(paths: list[str], threads: int | None = None) -> dict[str, st
     known: dict[str, list] = {}
     if cache_path is not None:
         try:
-            entry = json.loads(cache_path.read_text())
+            entry = read_entry(cache_path)
             known = entry["files"] if entry.get("pil") == pil_version else {}
         except (OSError, ValueError, KeyError, TypeError):
             known = {}
     stamps = {p: _stamp(p) for p in paths}
-    todo = [p for p in paths if p not in known or known[p][:2] != stamps[p]]
+    todo = [p for p in paths if p not in known or known[p][:3] != stamps[p]]
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
         for p, reason in zip(todo, pool.map(check_image, todo)):
             known[p] = [*stamps[p], reason]
     if todo and cache_path is not None:
-        try:
-            write_json({"pil": pil_version, "files": {p: known[p] for p in paths}}, cache_path)
-        except OSError:  # a read-only results folder: work uncached
-            pass
-    return {p: known[p][2] for p in paths if known[p][2] is not None}
+        write_entry({"pil": pil_version, "files": {p: known[p] for p in paths}}, cache_path)
+    return {p: known[p][3] for p in paths if known[p][3] is not None}
 
 
 def refuse_corrupt(samples: SampleList) -> None:

@@ -19,6 +19,7 @@ from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.rdp_accountant import INTEGER_ORDERS, LARGEST_SIGMA_TRIED, epsilon
+from pipeline_src.plan.search import is_variant
 
 DP_KINDS = kinds_where("private")
 # Opacus' get_noise_multiplier (and rdp_accountant.noise_multiplier) doubles σ from 20 and gives up
@@ -38,7 +39,8 @@ def epsilon_label(epsilon: float) -> str:
 def privacy_methods(cfg: dict) -> list[str]:
     """The study's methods: `privacy.methods`, or every method of a DP kind when it is empty."""
     names = cfg["privacy"]["methods"]
-    return list(names) if names else [n for n, m in cfg["methods"].items() if kind_of(m).private]
+    return list(names) if names else [n for n, m in cfg["methods"].items()
+                                      if kind_of(m).private and not is_variant(cfg, n)]
 
 
 PROTOCOLS = ("ours", "paper")

@@ -5,12 +5,19 @@
   `store/atomic.commit`).
 - `clear_killed_temps` removes the temporary files of writers killed between write and rename
   (`store/atomic.remove_stale_temps`); `workflow/rules/common.smk` calls it in `onstart`, which
-  Snakemake runs holding the run's lock, and never in a dry run.
+  Snakemake runs holding the run's lock, and never in a dry run; `at_exit` again when the main
+  process ends a run that executed, jobs or not, so a leftover is gone even when nothing is to be done.
+- `killed_rebuilds` lists the files a killed run had deleted to rebuild them (a `--forcerun`, or
+  a rerun on changed params): Snakemake rebuilds a missing file only when a job that needs it runs
+  or it is a target, so the Snakefile makes them inputs of the default target `all`.
 """
 from __future__ import annotations
 
+import atexit
 import os
+from base64 import urlsafe_b64decode
 from pathlib import Path
+from typing import Any
 
 from pipeline_src.store.atomic import RUN_OWNER_ENV, remove_stale_temps, run_owner_token
 
@@ -28,3 +35,58 @@ def clear_killed_temps(results: str | Path) -> str | None:
     """
     stale = remove_stale_temps(results)
     return f"removed {len(stale)} temporary file(s) of killed jobs, e.g. {stale[0]}" if stale else None
+
+
+def _snakemake_keys(folder: Path) -> set[str]:
+    """The file names Snakemake keeps records under `folder` for (base64 names; a long name is
+    split into folders whose names start with '@')."""
+    keys = set()
+    for f in folder.rglob("*") if folder.is_dir() else ():
+        if f.is_file():
+            parts = f.relative_to(folder).parts
+            try:
+                keys.add(urlsafe_b64decode("".join(p.removeprefix("@") for p in parts)).decode())
+            except (ValueError, UnicodeDecodeError):
+                continue  # not a record (e.g. Snakemake's migration marker)
+    return keys
+
+
+def killed_rebuilds(results: str | Path, snakemake_dir: str | Path = ".snakemake") -> list[str]:
+    """Files under `results` that a killed run had deleted to rebuild them, sorted.
+
+    Such a file is marked incomplete by Snakemake (its job started and never finished), has a
+    metadata record (a finished job built it before) and is missing. `--rerun-incomplete` skips
+    it, since it looks only at incomplete files that exist, and when the jobs that read it are
+    up to date nothing rebuilds it ("Nothing to be done", the file lost).
+
+    Args:
+        results: the results folder (`R`); only files under it are listed.
+        snakemake_dir: Snakemake's folder in the working directory.
+    """
+    smk = Path(snakemake_dir)
+    prefix = str(results).rstrip("/") + "/"
+    incomplete = {k for k in _snakemake_keys(smk / "incomplete") if k.startswith(prefix)}
+    if not incomplete:
+        return []
+    built = _snakemake_keys(smk / "metadata")
+    return sorted(k for k in incomplete & built if not os.path.lexists(k))
+
+
+def at_exit(workflow: Any, results: str | Path) -> None:
+    """When the main process ends a run that executed (not a dry run, `--lint` or `--unlock`,
+    whether or not a job started): remove killed writers' temporary files and write the held
+    validation cache (`plan/cache.py`).
+
+    Args:
+        workflow: Snakemake's `workflow` object (its executor is known only after the parse).
+        results: the results folder.
+    """
+    from pipeline_src.plan.cache import write_held
+
+    def _done() -> None:
+        if getattr(workflow, "executor_plugin", None) is None or workflow.dryrun:
+            return
+        clear_killed_temps(results)
+        write_held()
+
+    atexit.register(_done)

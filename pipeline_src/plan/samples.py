@@ -15,6 +15,8 @@ config always gives the same table and new samples never move old ones. `dataset
 keeps at most that many samples per class and split, the ones with the smallest keyed hash: a
 subset of the same study, the same for every run (`dataset.source_limit_per_class` likewise for the
 source classes, so the backbone can keep its pretraining data while the target task shrinks).
+With `dataset.pretrain_pool` the source task is instead a keyed-hash pool of the training split
+(`pretrain_pool.py`), of every class or a chosen set, disjoint from every target sample.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import pyarrow as pa
 from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_splits
 from pipeline_src.plan.idx_files import list_idx
 from pipeline_src.plan.image_check import drop_corrupt, refuse_corrupt
+from pipeline_src.plan.pretrain_pool import check_disjoint, draw_pool, pool_class_names
 from pipeline_src.plan.sharding import keyed_unit
 
 SAMPLES_SCHEMA = pa.schema([
@@ -127,14 +130,26 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
         else:
             split = np.where(u < test_end, "test", np.where(u < val_end, "val", "train")).astype(object)
     out = replace(samples, splits=split.tolist(), val_from_train=False)
+    order = samples.class_order or _class_order(samples.class_names)
+    pool_cfg = dataset_cfg.get("pretrain_pool")
+    if pool_cfg and out.tasks is None:  # drawn once: a second call sees the pool's own splits
+        tasks, splits, keep = draw_pool(out.sample_ids, out.class_names, out.splits, pool_cfg,
+                                        pool_class_names(pool_cfg, order, dataset_cfg.get("class_names") or []),
+                                        source_class_names(dataset_cfg, order))
+        out = replace(out.pick(keep), splits=splits, tasks=tasks)
+        split = np.array(splits, dtype=object)
     limits = {"target": dataset_cfg.get("limit_per_class"), "source": dataset_cfg.get("source_limit_per_class")}
     if not any(limits.values()):
         return out
-    source = source_class_names(dataset_cfg, samples.class_order or _class_order(samples.class_names))
-    limit_of = {c: limits["source" if c in source else "target"] or len(split) for c in set(samples.class_names)}
-    u = np.array([keyed_unit(i, f"limit/{seed}") for i in samples.sample_ids])
-    names, groups = np.unique(np.array([f"{c}\0{s}" for c, s in zip(samples.class_names, split)]), return_inverse=True)
-    cap = np.array([limit_of[n.split("\0")[0]] for n in names])[groups]
+    if out.tasks is None:
+        source = source_class_names(dataset_cfg, order)
+        tasks = ["source" if c in source else "target" for c in out.class_names]
+    else:
+        tasks = out.tasks
+    u = np.array([keyed_unit(i, f"limit/{seed}") for i in out.sample_ids])
+    names, groups = np.unique(np.array([f"{t}\0{c}\0{s}" for t, c, s in zip(tasks, out.class_names, split)]),
+                              return_inverse=True)
+    cap = np.array([limits[n.split("\0")[0]] or len(split) for n in names])[groups]
     order = np.lexsort((u, groups))  # by group, then by hash
     first = np.searchsorted(groups[order], groups[order], side="left")
     keep = np.sort(order[np.arange(len(order)) - first < cap[order]])  # listing order kept
@@ -151,11 +166,15 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
     samples = split_and_limit(samples, dataset_cfg, seed)
     order = samples.class_order or _class_order(samples.class_names)
     order = [c for c in order if c in set(samples.class_names)]
-    source = source_class_names(dataset_cfg, order)
-    labels_of = {t: {c: i for i, c in enumerate(c for c in order if (c in source) == (t == "source"))}
-                 for t in ("source", "target")}
+    if samples.tasks is not None:  # a pretraining pool: each task's classes are those its samples have
+        task = np.array(samples.tasks, dtype=object)
+        present = {t: {c for c, x in zip(samples.class_names, samples.tasks) if x == t} for t in ("source", "target")}
+    else:
+        source = source_class_names(dataset_cfg, order)
+        task = np.array(["source" if c in source else "target" for c in samples.class_names], dtype=object)
+        present = {t: {c for c in samples.class_names if (c in source) == (t == "source")} for t in ("source", "target")}
+    labels_of = {t: {c: i for i, c in enumerate(c for c in order if c in present[t])} for t in ("source", "target")}
     n = len(samples.sample_ids)
-    task = np.array(["source" if c in source else "target" for c in samples.class_names])
     label = [labels_of[t][c] for t, c in zip(task, samples.class_names)]
     return pa.Table.from_pydict({
         "sample_id": samples.sample_ids,
@@ -172,6 +191,8 @@ def count_train_samples(cfg: dict) -> int:
     listed = list_samples(cfg["dataset"])
     table = assign_splits(listed, cfg["dataset"], cfg["seed"])
     print(dataset_summary(cfg["dataset"], listed, table), file=sys.stderr)  # shown at validation
+    if cfg["dataset"].get("pretrain_pool"):
+        check_disjoint(table, cfg["dataset"]["pretrain_pool"])  # before any job: prepare asserts it again
     task, split = table.column("task").to_pylist(), table.column("split").to_pylist()
     return sum(t == "target" and s == "train" for t, s in zip(task, split))
 
@@ -193,6 +214,10 @@ def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> 
         line += "; train/test as given, val drawn from train"
     elif samples.splits is not None:
         line += "; splits as given"
+    pool = dataset_cfg.get("pretrain_pool")
+    if pool:
+        line += (f"; source = the pretraining pool (dataset.pretrain_pool: fraction {pool['fraction']} of the training "
+                 f"split, key pool/{pool['seed']}), disjoint from every target sample")
     for key, task in (("limit_per_class", "target"), ("source_limit_per_class", "source")):
         if dataset_cfg.get(key):
             line += f"; at most {dataset_cfg[key]} per {task} class and split (dataset.{key})"

@@ -31,6 +31,13 @@ _EVALUATED = LABELS  # an evaluation of one model
 _STUDY = (*LABELS, "seed", "methods.{method}")  # a study job's rows, record and head init (steps/forget/common.py)
 
 
+def _evaluate_shards(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
+    """The shard models' rows; their ensemble's (N > 1, `ensemble` a composition) weigh the
+    shards' logits by `compose_weights`."""
+    ensemble = int(w["shards"]) > 1 and "ensemble" in cfg["compositions"]
+    return (*_EVALUATED, "compose_weights") if ensemble else _EVALUATED
+
+
 def _unlearn_drop(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
     """sisa-drop weighs the remaining shards' logits by `compose_weights`; a tangent method's
     `subtract` takes its weights from the composed model's record (the `compose` job reads the key)."""
@@ -77,16 +84,20 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "compose_private": (),
     "release": (),  # the DP models' records and metrics are its inputs
     "prepare": ("dataset", "seed"),
-    "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans"),
+    "baseline_pixel_logreg": (*LABELS, "seed"),  # reads the target images only (their split is prepare's)
+    "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans", "dataset.pretrain_pool"),
     "features": ("seed", "features.dtype", "train.precision"),
-    "evaluate_shard": _EVALUATED,
+    "evaluate_shards": _evaluate_shards,
     "evaluate_soup": _EVALUATED,
-    "evaluate_ensemble": (*_EVALUATED, "compose_weights"),
     "evaluate_private": _EVALUATED,
+    "validate": (*_EVALUATED, "compose_weights"),  # a search candidate on the validation split (select.smk)
+    "select": LABELS,  # the candidates are its `candidates` param; the rows its input files
+    "validate_private": _EVALUATED,  # a DP search's candidate on the validation split
+    "select_private": LABELS,  # as select; protocol, regime and ε are its `labels` param
     # training as steps/train.load_job: the train block (less RUN_ONLY), the method, the head seed;
     # the image size and channels for augmentation
     "train": _TRAINING,
-    "train_vectorized": _TRAINING,  # one rule per method and N: `{method}` is passed in as a wildcard
+    "train_vectorized": _TRAINING,  # one rule per method, N and seed: `{method}` is passed in as a wildcard
     "fusion_train": _TRAINING,
     "last_grid": (*_TRAINING, "dataset.source", "last_grid"),  # the grid's points vary the base method
     "fusion_match": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn", *_head_permutation(cfg)),
@@ -112,7 +123,7 @@ class SettingsError(KeyError):
     """A rule without settings, or a key it needs that the config lacks."""
 
 
-VECTORIZED_RULE = "train_vectorized_"  # train_vectorized_{method}_n{N} (train.smk)
+VECTORIZED_RULE = "train_vectorized_"  # train_vectorized_{method}_n{N}_s{seed} (train.smk)
 
 
 def settings_rule(rule: str) -> str:

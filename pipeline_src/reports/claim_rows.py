@@ -11,13 +11,23 @@ import json
 import duckdb
 import pandas as pd
 
-# Full-data models (model `shard`, N = 1) and soups (N > 1) of the main DAG (no study variant).
+# Full-data models (model `shard`, N = 1) and soups (N > 1) of the main DAG (no study variant);
+# where the study searched, the selected grid point's (`metrics_selected`, store/results_db.py).
 ACCURACY_SQL = """
 SELECT method, any_value(kind) AS kind, model, shards, avg(value) AS accuracy, count(DISTINCT seed) AS seeds
-FROM metrics
+FROM metrics_selected
 WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
   AND ((model = 'shard' AND shards = 1) OR model = 'soup')
 GROUP BY method, model, shards
+"""
+
+# The same rows per seed: the spread of a paired gap (claims within noise).
+SEED_ACCURACY_SQL = """
+SELECT method, model, shards, seed, avg(value) AS accuracy
+FROM metrics_selected
+WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
+  AND ((model = 'shard' AND shards = 1) OR model = 'soup')
+GROUP BY ALL
 """
 
 # Forgetting by dropping shards (`steps/forget/drop.py`), per request; r = 0 (nothing removed) left out.
@@ -51,6 +61,9 @@ WHERE model = 'dp-shard' AND shards = 1 AND json_extract_string(variant, '$.stud
 GROUP BY ALL
 """
 
+# The same per seed (each an independent DP noise draw): the spread of a DP gap.
+PRIVACY_SEED_SQL = PRIVACY_SQL.replace("avg(value) AS accuracy", "seed, avg(value) AS accuracy")
+
 # Soups of the fusion study without and with matching (`steps/fusion/fuse.py`), as in `reports/fusion.py`.
 FUSION_SQL = """
 SELECT method, shards, json_extract_string(variant, '$.init') AS init,
@@ -60,9 +73,12 @@ WHERE model = 'fusion-soup' AND json_extract_string(variant, '$.study') = 'fusio
 GROUP BY ALL
 """
 
-# Training memory of the full-data models, from their records (`steps/train.py` `peak_mem_mb`).
+# Training memory of the full-data models, from their records (`steps/train.py`): `train_mem_mb`
+# counts tensors as the LAST paper's Table 7 does (`job/training_memory.py`), `peak_mem_mb` is the
+# job's CUDA max allocated or process max RSS.
 MEMORY_SQL = """
-SELECT method, avg(peak_mem_mb) AS peak_mem_mb, string_agg(DISTINCT device, ', ') AS device
+SELECT method, avg(peak_mem_mb) AS peak_mem_mb, avg({counted}) AS train_mem_mb,
+       string_agg(DISTINCT device, ', ') AS device
 FROM models
 WHERE kind = 'trained' AND shards = 1 AND peak_mem_mb IS NOT NULL
 GROUP BY method
@@ -82,6 +98,24 @@ def accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return _query(con, "metrics", ACCURACY_SQL)
 
 
+def seed_accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, model, shards, seed, accuracy: `accuracy_rows` before the mean over seeds."""
+    return _query(con, "metrics", SEED_ACCURACY_SQL)
+
+
+def selected_points(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], str]:
+    """(searched method, N) -> its selected point in words ('taft-1_lr1e-4_ptF_clsT: LR 1e-4, PT F,
+    CLS T, val 85.1 %'); empty without a search (`selection` view, `steps/select.py`)."""
+    if "selection" not in _views(con):
+        return {}
+    rows = con.sql("SELECT method, shards, candidate, lr, pt, cls, val_accuracy FROM selection WHERE selected").fetchall()
+    out = {}
+    for method, n, candidate, lr, pt, cls, val in rows:
+        axes = [f"LR {lr:g}"] + ([f"PT {'T' if pt else 'F'}", f"CLS {'T' if cls else 'F'}"] if pt is not None else [])
+        out[method, int(n)] = f"{candidate}: {', '.join(axes)}, val {100 * val:.1f} %"
+    return out
+
+
 def drop_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, model (`subtract` / `sisa-drop`), shards, seed, removed (≥ 1), request, accuracy."""
     return _query(con, "metrics", DROP_SQL)
@@ -94,8 +128,28 @@ def retrain_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def privacy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, regime, protocol, epsilon, accuracy of the DP models at N = 1."""
-    return _query(con, "metrics", PRIVACY_SQL)
+    """method, regime, protocol, epsilon, accuracy of the DP models at N = 1 (the selected PT where
+    the study ran the DP search)."""
+    return _private_selected(con, _query(con, "metrics", PRIVACY_SQL))
+
+
+def _private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.DataFrame:
+    """DP rows as the DP search selected them: per protocol, searched method, regime and ε, the
+    selected PT point's rows under the method's name; the other point's rows left out."""
+    if rows.empty or "private_selection" not in _views(con):
+        return rows
+    sel = con.sql("SELECT method AS base, candidate, protocol, regime, epsilon, selected FROM private_selection "
+                  "WHERE shards = 1").df()
+    rows = rows.merge(sel.rename(columns={"candidate": "method"}), how="left",
+                      on=["method", "protocol", "regime", "epsilon"])
+    rows = rows[rows.selected.isna() | (rows.selected == True)]  # noqa: E712 (a pandas mask)
+    rows = rows.assign(method=rows.base.where(rows.base.notna(), rows.method))
+    return rows.drop(columns=["base", "selected"])
+
+
+def privacy_seed_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """method, regime, protocol, epsilon, seed, accuracy: `privacy_rows` before the mean over seeds."""
+    return _private_selected(con, _query(con, "metrics", PRIVACY_SEED_SQL))
 
 
 def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
@@ -104,14 +158,15 @@ def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def memory_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, peak_mem_mb (mean over seeds), device(s) of the N = 1 training jobs whose records
-    carry `peak_mem_mb` (records written before it was recorded do not)."""
+    """method, peak_mem_mb and train_mem_mb (means over seeds; train_mem_mb NULL where the records
+    lack it), device(s) of the N = 1 training jobs whose records carry `peak_mem_mb` (records
+    written before it was recorded do not)."""
     if "models" not in _views(con):
         return pd.DataFrame()
     columns = {r[0] for r in con.sql("DESCRIBE models").fetchall()}
     if not {"peak_mem_mb", "shards", "device"} <= columns:
         return pd.DataFrame()
-    return con.sql(MEMORY_SQL).df()
+    return con.sql(MEMORY_SQL.format(counted="train_mem_mb" if "train_mem_mb" in columns else "NULL")).df()
 
 
 def recorded_methods(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:

@@ -30,9 +30,11 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
   init: the fusion study's soup (`fusion-soup`) after the paper's matching (`rotation-scaling`,
   else `rotation`) against the soup without matching (`none`). Holds when strictly above.
 - **LAST ≥ FC at ≤ 25 % of full fine-tuning's memory** (LAST paper): the first last, fc and full
-  methods (config order) with full-data models: LAST's accuracy against FC's, and the
-  `peak_mem_mb` of LAST's N = 1 training job against full's (train records: CUDA max allocated on
-  a GPU, the process's max RSS on the CPU; same device required). Holds when both hold.
+  methods (config order) with full-data models: LAST's accuracy against FC's, and the training
+  memory of LAST's N = 1 training job against full's: `train_mem_mb` of the train records, tensors
+  counted as Table 7 counts them (`job/training_memory.py`), or, for records without it,
+  `peak_mem_mb` (CUDA max allocated on a GPU, the process's max RSS on the CPU); same device
+  required. Holds when both hold.
 - **Retrain-shard ≈ N× cheaper than the paragon** (SISA; TAFT Figure 3): one row per method and
   N of the unlearning study: the `unlearn_time_s` of `retrain-shard` over the requests that
   touched exactly one shard, against the same-method `paragon`'s (retraining on everything
@@ -42,13 +44,15 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 
 from pipeline_src.reports import claim_rows
+from pipeline_src.reports.regimes import first, measured_regime, paper_rows
 from pipeline_src.store.atomic import write_text
 
 TAFT = "TAFT: Liu, Soatto et al., ICLR 2024"
@@ -67,7 +71,9 @@ LAST_MEMORY = 0.25  # LAST: at most this fraction of full fine-tuning's memory
 EPS = 1e-12  # accuracy ties count as ≥
 
 COLUMNS = {"claim": "claim", "paper": "paper", "where": "paper table/figure", "paper_figure": "paper's figure",
+           "paper_regime": "paper made it for", "paper_rows": "paper's rows at this distance",
            "study_figure": "this study's figure", "holds": "holds", "note": "note"}
+NOISE = "within noise"  # a gap inside the seeds' spread: neither yes nor no
 
 
 @dataclass
@@ -79,8 +85,10 @@ class Claim:
     where: str
     paper_figure: str
     study_figure: str
-    holds: str  # yes | no | n/a
+    holds: str  # yes | no | within noise | n/a
     note: str = ""
+    paper_regime: str = ""  # the regime the paper made the claim for (`reports/regimes.py`)
+    paper_rows: str = ""  # the paper's rows at this study's measured distance
 
 
 def missing(claim: str, paper: str, where: str, paper_figure: str, why: str, note: str = "") -> Claim:
@@ -100,13 +108,26 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
 
 
-def first(methods: dict[str, dict], available, kind: str, k: int | None = None) -> str | None:
-    """The first method (in `methods`' order) of `kind` (and `k`) among `available`, or None."""
-    available = set(available)
-    for name, cfg in methods.items():
-        if cfg.get("kind") == kind and (k is None or cfg.get("k") == k) and name in available:
-            return name
-    return None
+def paired_gap(seed_acc: pd.DataFrame, t: str, f: str, model: str, shards: int) -> tuple[float, float | None, int]:
+    """(mean, sample std or None below 2 seeds, seeds) of the per-seed accuracy difference t − f
+    at one model and N, over the seeds both have (`claim_rows.seed_accuracy_rows`)."""
+    rows = seed_acc[(seed_acc.model == model) & (seed_acc.shards == shards)] if len(seed_acc) else seed_acc
+    wide = rows.pivot_table(index="seed", columns="method", values="accuracy") if len(rows) else pd.DataFrame()
+    if t not in wide or f not in wide:
+        return float("nan"), None, 0
+    d = (wide[t] - wide[f]).dropna()
+    return float(d.mean()), (float(d.std(ddof=1)) if len(d) >= 2 else None), len(d)
+
+
+def verdict(mean: float, spread: float | None, threshold: float) -> str:
+    """yes / no for mean ≥ threshold, or `within noise` when |mean − threshold| ≤ the seeds' spread."""
+    if spread is not None and abs(mean - threshold) <= spread:
+        return NOISE
+    return _yes(mean >= threshold - EPS)
+
+
+def _spread(spread: float | None, seeds: int) -> str:
+    return f" ± {100 * spread:.1f} pts, sd over {seeds} seeds" if spread is not None else ""
 
 
 def _pair(methods: dict[str, dict], available) -> tuple[str | None, str | None]:
@@ -118,20 +139,24 @@ def _pair_missing(t: str | None, f: str | None, rows: str) -> str:
     return " and ".join(f"no {kind} method with k = 1 has {rows}" for kind, m in (("taft", t), ("nlft", f)) if m is None)
 
 
-def table1_claim(acc: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
-    """TAFT-1 within 1 pt of NLFT-1 (full-data models)."""
+def table1_claim(acc: pd.DataFrame, methods: dict[str, dict], seed_acc: pd.DataFrame | None = None) -> list[Claim]:
+    """TAFT-1 within 1 pt of NLFT-1 (full-data models); `seed_acc`: per-seed rows for the spread."""
     head = ("TAFT-1 within 1 pt of NLFT-1", TAFT, "Table 1", "TAFT-1 about 1 pt below NLFT-1")
     full = acc[(acc.model == "shard") & (acc.shards == 1)] if len(acc) else acc
     t, f = _pair(methods, full.method if len(full) else [])
     if t is None or f is None:
         return [missing(*head, _pair_missing(t, f, "a full-data (N = 1) model"))]
     a, b = (full[full.method == m].accuracy.iloc[0] for m in (t, f))
-    return [Claim(*head, f"{t} {_pct(a)}, {f} {_pct(b)} ({_pts(a - b)})", _yes(a - b >= -WITHIN_PTS / 100 - EPS),
-                  f"full-data models (model shard, N = 1) of {t} and {f}; holds when {t} ≥ {f} − {WITHIN_PTS:g} pt")]
+    mean, spread, seeds = paired_gap(seed_acc, t, f, "shard", 1) if seed_acc is not None else (a - b, None, 1)
+    return [Claim(*head, f"{t} {_pct(a)}, {f} {_pct(b)} ({_pts(a - b)}{_spread(spread, seeds)})",
+                  verdict(mean, spread, -WITHIN_PTS / 100),
+                  f"full-data models (model shard, N = 1) of {t} and {f}; holds when {t} ≥ {f} − {WITHIN_PTS:g} pt; "
+                  "within noise when the mean gap is within one sd of the seeds' paired gaps of that line")]
 
 
-def composition_claims(acc: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
-    """TAFT's Δw sum ≥ the non-linear soup, one row per N > 1."""
+def composition_claims(acc: pd.DataFrame, methods: dict[str, dict],
+                       seed_acc: pd.DataFrame | None = None) -> list[Claim]:
+    """TAFT's Δw sum ≥ the non-linear soup, one row per N > 1; `seed_acc`: per-seed rows for the spread."""
     paper_text = "+9 to +13.5 pts over the non-linear soup at N = 10–50"
     soups = acc[acc.model == "soup"] if len(acc) else acc
     t, f = _pair(methods, soups.method if len(soups) else [])
@@ -146,8 +171,11 @@ def composition_claims(acc: pd.DataFrame, methods: dict[str, dict]) -> list[Clai
         if t not in at or f not in at:
             out.append(missing(*head, f"no soup of {t if t not in at else f} at N = {n}"))
             continue
-        out.append(Claim(*head, f"{t} Δw sum {_pct(at[t])}, {f} soup {_pct(at[f])} ({_pts(at[t] - at[f])})",
-                         _yes(at[t] >= at[f] - EPS), f"model soup, N = {n}, of {t} (its Δw sum) and {f}"))
+        mean, spread, seeds = (paired_gap(seed_acc, t, f, "soup", n) if seed_acc is not None
+                               else (at[t] - at[f], None, 1))
+        out.append(Claim(*head, f"{t} Δw sum {_pct(at[t])}, {f} soup {_pct(at[f])} ({_pts(at[t] - at[f])}"
+                         f"{_spread(spread, seeds)})", verdict(mean, spread, 0.0),
+                         f"model soup, N = {n}, of {t} (its Δw sum) and {f}"))
     return out
 
 
@@ -180,8 +208,9 @@ def subtract_claims(drop: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]
     return out
 
 
-def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
-    """DP TAFT ≥ DP NLFT, one row per protocol and ε."""
+def dp_claims(dp: pd.DataFrame, methods: dict[str, dict], dp_seeds: pd.DataFrame | None = None) -> list[Claim]:
+    """DP TAFT ≥ DP NLFT, one row per protocol and ε; `dp_seeds`: per-seed rows for the spread
+    (a regime within it makes the row `within noise` unless another regime says no)."""
     claim, paper_text = "DP TAFT ≥ DP NLFT", "TAFT above NLFT at each ε"
     t, f = _pair(methods, dp.method if len(dp) else [])
     if t is None and f is None:
@@ -201,12 +230,31 @@ def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
         if acc.empty:
             out.append(missing(*head, f"{t} and {f} share no regime at ε = {eps:g}"))
             continue
-        cells = [f"{r}: {_pct(x[t])} vs {_pct(x[f])} ({_pts(x[t] - x[f])})" for r, x in acc.iterrows()]
-        failing = [r for r, x in acc.iterrows() if x[t] < x[f] - EPS]
-        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), _yes(not failing),
+        cells, verdicts = [], {}
+        for r, x in acc.iterrows():
+            mean, spread, seeds = _dp_gap(dp_seeds, t, f, protocol, eps, r, x[t] - x[f])
+            verdicts[r] = verdict(mean, spread, 0.0)
+            cells.append(f"{r}: {_pct(x[t])} vs {_pct(x[f])} ({_pts(x[t] - x[f])}{_spread(spread, seeds)})")
+        failing = [r for r, v in verdicts.items() if v == "no"]
+        noisy = [r for r, v in verdicts.items() if v == NOISE]
+        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), "no" if failing else NOISE if noisy else "yes",
                          f"DP models (dp-shard, N = 1) of {t} and {f}, protocol {protocol}, ε = {eps:g}, regimes "
-                         f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else "")))
+                         f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else "")
+                         + (f"; within the seeds' (noise draws') spread in {', '.join(noisy)}" if noisy else "")))
     return out
+
+
+def _dp_gap(dp_seeds: pd.DataFrame | None, t: str, f: str, protocol: str, eps: float, regime: str,
+            fallback: float) -> tuple[float, float | None, int]:
+    """(mean, sd or None, seeds) of t − f over the seeds (independent DP noise draws) of one DP cell."""
+    if dp_seeds is None or dp_seeds.empty:
+        return fallback, None, 1
+    g = dp_seeds[(dp_seeds.protocol == protocol) & (dp_seeds.epsilon == eps) & (dp_seeds.regime == regime)]
+    wide = g.pivot_table(index="seed", columns="method", values="accuracy") if len(g) else pd.DataFrame()
+    if t not in wide or f not in wide:
+        return fallback, None, 1
+    d = (wide[t] - wide[f]).dropna()
+    return float(d.mean()), (float(d.std(ddof=1)) if len(d) >= 2 else None), len(d)
 
 
 def _in_order(methods: dict[str, dict], names) -> list[str]:
@@ -259,10 +307,15 @@ def last_claim(acc: pd.DataFrame, memory: pd.DataFrame, methods: dict[str, dict]
     if mem.device[last] != mem.device[full] or "," in mem.device[last]:
         return [missing(*head, f"memory measured on different devices ({mem.device[last]}; {mem.device[full]}); "
                         f"accuracy: {accuracy}")]
-    ratio = mem.peak_mem_mb[last] / mem.peak_mem_mb[full]
-    what = "CUDA max allocated" if mem.device[last].startswith("cuda") else "process peak RSS"
-    return [Claim(*head, f"{accuracy}; memory {mem.peak_mem_mb[last]:.0f} MB = {100 * ratio:.0f} % of {full}'s "
-                  f"{mem.peak_mem_mb[full]:.0f} MB", _yes(a[last] >= a[fc] - EPS and ratio <= LAST_MEMORY),
+    counted = "train_mem_mb" in mem and mem.train_mem_mb[[last, full]].notna().all()
+    if counted:  # tensors, as Table 7 counts them: the process's own baseline left out
+        used, what = mem.train_mem_mb, "weights + gradients + AdamW state + one batch's saved activations"
+    else:
+        used = mem.peak_mem_mb
+        what = "CUDA max allocated" if mem.device[last].startswith("cuda") else "process peak RSS"
+    ratio, digits = used[last] / used[full], 1 if counted else 0
+    return [Claim(*head, f"{accuracy}; memory {used[last]:.{digits}f} MB = {100 * ratio:.0f} % of {full}'s "
+                  f"{used[full]:.{digits}f} MB", _yes(a[last] >= a[fc] - EPS and ratio <= LAST_MEMORY),
                   f"full-data models of {last}, {fc}; peak memory of the N = 1 training jobs of {last} and {full} "
                   f"({what}, {mem.device[last]})")]
 
@@ -283,7 +336,8 @@ def unlearning_cost_claims(retrain: pd.DataFrame, methods: dict[str, dict]) -> l
             one = rows[rows.affected_shards == 1]
             if one.empty:
                 out.append(missing(*head, f"no request touched a single shard (fewest: "
-                                   f"{rows.affected_shards.min():.0f} of {n}; forget.study.forget_fractions)"))
+                                   f"{rows.affected_shards.min():.0f} of {n}; add 0, single-sample requests, to "
+                                   "forget.study.forget_fractions)"))
                 continue
             keys = ["seed", "fraction", "request"]
             par = paragon[paragon.method == method].merge(one[keys], on=keys)
@@ -307,12 +361,25 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
             the trained records' methods in name order.
     """
     methods = methods if methods is not None else claim_rows.recorded_methods(con)
-    acc = claim_rows.accuracy_rows(con)
-    return [*table1_claim(acc, methods), *composition_claims(acc, methods),
-            *subtract_claims(claim_rows.drop_rows(con), methods), *dp_claims(claim_rows.privacy_rows(con), methods),
-            *fusion_claims(claim_rows.fusion_rows(con), methods),
-            *last_claim(acc, claim_rows.memory_rows(con), methods),
-            *unlearning_cost_claims(claim_rows.retrain_rows(con), methods)]
+    acc, seed_acc = claim_rows.accuracy_rows(con), claim_rows.seed_accuracy_rows(con)
+    regime = measured_regime(acc, methods)
+    keyed = [("table1", table1_claim(acc, methods, seed_acc)), ("table2", composition_claims(acc, methods, seed_acc)),
+             ("figure1", subtract_claims(claim_rows.drop_rows(con), methods)),
+             ("table3", dp_claims(claim_rows.privacy_rows(con), methods, claim_rows.privacy_seed_rows(con))),
+             ("fusion", fusion_claims(claim_rows.fusion_rows(con), methods)),
+             ("last", last_claim(acc, claim_rows.memory_rows(con), methods)),
+             ("cost", unlearning_cost_claims(claim_rows.retrain_rows(con), methods))]
+    chosen = claim_rows.selected_points(con)
+    out = []
+    for key, claims in keyed:
+        made_for, rows = paper_rows(key, regime)
+        for c in claims:
+            n = int(m.group(1)) if (m := re.search(r"N = (\d+)", c.claim)) else 1
+            picks = [f"{name} at N = {n}: {p}" for (name, at), p in chosen.items()
+                     if at == n and key in ("table1", "table2") and re.search(rf"\b{re.escape(name)}\b", c.study_figure)]
+            note = c.note + ("; selected on validation: " + "; ".join(picks) if picks else "")
+            out.append(replace(c, paper_regime=made_for, paper_rows=rows, note=note))
+    return out
 
 
 def study_settings(config: dict) -> str:
@@ -346,9 +413,13 @@ def claims_report(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict | 
     text = ["# Claims: the papers' figures beside this study's", ""]
     if config:
         text += [f"Study: {study_settings(config)}.", ""]
-    text += [f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, n/a {counts.get('n/a', 0)} (n/a: the "
-             "study did not run the jobs the claim needs). Accuracies on the test split, mean over seeds; pts: "
-             "percentage points. Selection rules: `pipeline_src/reports/claims.py`.", "",
+    methods = config["methods"] if config else claim_rows.recorded_methods(con)
+    text += [f"Regime (measured distance, `reports/regimes.py`): {measured_regime(claim_rows.accuracy_rows(con), methods).label()}.", ""]
+    text += [f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, within noise {counts.get(NOISE, 0)}, "
+             f"n/a {counts.get('n/a', 0)} (n/a: the study did not run the jobs the claim needs). Accuracies on the "
+             "test split, mean over seeds (± the sd of the seeds' paired gaps); where the study searched, of the "
+             "point selected on validation (`search_selection`). pts: percentage points. Selection rules: "
+             "`pipeline_src/reports/claims.py`.", "",
              df.drop(columns="note").to_markdown(index=False), "", "## Rows compared", ""]
     text += [f"- {c.claim}: {c.note}." for c in claims if c.note]
     text += ["", "## Papers", ""] + [f"- {short}: {title}" for short, title in PAPERS.items()]

@@ -9,7 +9,9 @@
   from `os.wait4` of the process that reaped the job, its shutdown included.
 
 Columns: jobs, total wall time and its share of the study, the share of that wall time inside the
-step itself (the rest is start-up: Snakemake's script, imports, loading), the largest peak RSS of
+step itself (the rest is start-up: Snakemake's script, imports, loading), the seconds outside the
+step summed over the rule's jobs (`outside_step_s`: the fixed cost that fewer, larger jobs save;
+jobs without counters are left out of both), the largest peak RSS of
 the rule's jobs, images, images/s,
 GFLOP per image, achieved GFLOP/s over the jobs' wall time, and that as a percentage of the
 machine's GEMM peak measured here at the jobs' thread count (`store/gemm_peak.py`, float32; the
@@ -43,7 +45,8 @@ NO_COUNTERS = ("(SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS rule, NULL::
 NO_RSS = "(SELECT NULL::VARCHAR AS filename, NULL::DOUBLE AS peak_rss_mb WHERE false)"
 
 # Log folders whose jobs come from more than one rule: the job file's stem tells them apart.
-_BY_STEM = {"evaluate": {"soup": "evaluate_soup", "ensemble": "evaluate_ensemble"}}
+# `shardN` and `ensemble` are the per-shard and ensemble jobs of runs before `evaluate_shards`.
+_BY_STEM = {"evaluate": {"soup": "evaluate_soup", "shards": "evaluate_shards", "ensemble": "evaluate_ensemble"}}
 
 
 def rule_of_log(path: str) -> str:
@@ -84,6 +87,9 @@ def rule_table(jobs: pd.DataFrame, peak: Callable[[str, int], tuple[float, str] 
                "wall_share_pct": 100 * g.wall_s.sum() / total_wall if total_wall > 0 else None,
                "in_step_pct": (100 * g.step_wall_s.sum() / g.wall_s[g.step_wall_s.notna()].sum()
                                if g.step_wall_s.notna().any() and g.wall_s[g.step_wall_s.notna()].sum() > 0 else None),
+               # the fixed cost: each job's wall time outside its step (start, imports, load, write), summed
+               "outside_step_s": ((g.wall_s - g.step_wall_s).clip(lower=0)[g.step_wall_s.notna()].sum()
+                                  if g.step_wall_s.notna().any() else None),
                "peak_rss_mb": g.peak_rss_mb.max() if g.peak_rss_mb.notna().any() else None,
                "images": int(counted.images.sum()) if len(counted) else None,
                "images_per_s": counted.images.sum() / counted.wall_s.sum() if len(counted) and counted.wall_s.sum() > 0
@@ -151,7 +157,7 @@ def efficiency_report(con: duckdb.DuckDBPyConnection, out_dir: Path,
              "images and model FLOPs (the jobs' "
              "counters, torch FlopCounterMode) against the measured GEMM peak"
              + (f" ({where})" if where else ""))
-    formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "peak_rss_mb": ".0f", "images": ".0f", "images_per_s": ".1f",
+    formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "outside_step_s": ".1f", "peak_rss_mb": ".0f", "images": ".0f", "images_per_s": ".1f",
                "gflop_per_image": ".4g", "gflop_per_s": ".3g", "peak_gflop_per_s": ".1f", "peak_pct": ".2f",
                "in_step_peak_pct": ".2f",
                "threads": ".0f"}

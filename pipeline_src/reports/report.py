@@ -1,5 +1,8 @@
 """Study reports: DuckDB queries over the results views → Markdown, CSV and PNG.
 
+The accuracy tables read `metrics_selected` (`store/results_db.py`): where the study ran the
+validation search, each searched method's selected grid point only, under the method's name.
+
 Each report is a function `(con, out_dir) -> list[Path]` in `REPORTS` (those in `WITH_CONFIG`
 also take `config=`, the study's config); the `report` rule runs them all, and
 `python -m pipeline_src.store.query` runs ad-hoc SQL over the same views.
@@ -22,7 +25,7 @@ ACCURACY_SQL = """
 SELECT method, any_value(kind) AS kind, shards,
        CASE WHEN model = 'shard' AND shards > 1 THEN 'shard-mean' WHEN model = 'shard' THEN 'full-data' ELSE model END AS model,
        avg(value) AS accuracy, count(*) AS models, count(DISTINCT seed) AS seeds
-FROM metrics
+FROM metrics_selected
 WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain' AND variant IS NULL
 GROUP BY ALL
 ORDER BY method, shards, model
@@ -64,7 +67,7 @@ def taft_table1(con, out_dir: Path) -> list[Path]:
     """The TAFT paper's Table 1 layout: full-data test accuracy of fc, nlft-k and taft-k."""
     return _pivot_report(con, out_dir, "table1_methods", "Table 1: test accuracy of models trained on the full training set", """
         SELECT method, 'accuracy' AS metric, avg(value) AS accuracy
-        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND shards = 1 AND kind IN ('fc', 'nlft', 'taft') AND variant IS NULL
+        FROM metrics_selected WHERE metric = 'accuracy' AND split = 'test' AND shards = 1 AND kind IN ('fc', 'nlft', 'taft') AND variant IS NULL
         GROUP BY ALL""")
 
 
@@ -74,7 +77,7 @@ def taft_table2(con, out_dir: Path) -> list[Path]:
     return _pivot_report(con, out_dir, "table2_composition", "Table 2: accuracy of the composed model by shard count", """
         SELECT method || CASE WHEN kind = 'taft' THEN ' (Δw sum)' ELSE ' (soup)' END AS composed, 'N=' || shards AS shards,
                avg(value) AS accuracy
-        FROM metrics WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain' AND variant IS NULL
+        FROM metrics_selected WHERE metric = 'accuracy' AND split = 'test' AND kind <> 'pretrain' AND variant IS NULL
           AND (model = 'soup' OR (model = 'shard' AND shards = 1)) GROUP BY ALL""")
 
 
@@ -86,11 +89,12 @@ def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list
     from pipeline_src.reports import fusion as report_fusion
     from pipeline_src.reports import last_grid as report_last
     from pipeline_src.reports import privacy as report_privacy
+    from pipeline_src.reports import selection as report_selection
     from pipeline_src.reports import unlearning as report_unlearning
 
     reports = {**report_claims.REPORTS, "accuracy": accuracy_report, "table1": taft_table1, "table2": taft_table2}
     for extra in (report_fusion.REPORTS, report_privacy.REPORTS, report_unlearning.REPORTS, report_last.REPORTS,
-                  report_benchmarks.REPORTS, report_ablations.REPORTS, report_efficiency.REPORTS):
+                  report_benchmarks.REPORTS, report_ablations.REPORTS, report_efficiency.REPORTS, report_selection.REPORTS):
         clash = set(reports) & set(extra)
         if clash:
             raise ValueError(f"report names registered twice: {sorted(clash)}")

@@ -86,9 +86,13 @@ def unlearning_retrain(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Pa
         ax_acc.plot(g.fraction, g.accuracy, **style)
         if strategy != "sisa-retrain":  # same retraining time as retrain-shard
             ax_time.plot(g.fraction, g.unlearn_time_s, **style)
+    positive = df.fraction[df.fraction > 0]
     for ax, ylabel in ((ax_acc, "test accuracy"), (ax_time, "unlearning wall time (s)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("forgotten fraction of the training set")
+        if (df.fraction == 0).any():  # fraction 0: single-sample requests, at 0 on a scale linear near it
+            ax.set_xscale("symlog", linthresh=positive.min() if len(positive) else 1e-3)
+        else:
+            ax.set_xscale("log")
+        ax.set_xlabel("forgotten fraction of the training set (0: one sample)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     ax_time.set_yscale("log")

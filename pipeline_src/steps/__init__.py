@@ -8,7 +8,8 @@ from __future__ import annotations
 
 # rule name -> step module below pipeline_src.steps, where they differ
 RULE_STEPS = {
-    "evaluate_shard": "evaluate", "evaluate_soup": "evaluate", "evaluate_ensemble": "evaluate",
+    "evaluate_shards": "evaluate", "evaluate_soup": "evaluate", "validate": "evaluate",
+    "validate_private": "privacy.evaluate", "select_private": "select",
     "fusion_train": "fusion.train", "fusion_match": "fusion.match", "fuse": "fusion.fuse",
     "train_private": "privacy.train", "compose_private": "privacy.compose", "evaluate_private": "privacy.evaluate",
     "release": "privacy.release",

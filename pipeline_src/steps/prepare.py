@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline_src.data.images import write_images
 from pipeline_src.data.sample_store import IMAGES_FILE
 from pipeline_src.plan.image_check import use_cache_dir
+from pipeline_src.plan.pretrain_pool import check_disjoint
 from pipeline_src.plan.samples import assign_splits, list_samples, split_and_limit
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.atomic import write_parquet, write_text
@@ -36,6 +37,8 @@ def main(args: StepArgs) -> None:
     use_cache_dir(out_dir / ".plan_cache")  # the verdicts the DAG was built with (skip_corrupt)
     samples = split_and_limit(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])  # what images.npy holds
     table = assign_splits(samples, cfg["dataset"], cfg["seed"])
+    if cfg["dataset"].get("pretrain_pool"):  # on the ids written, as validation did on the listed ones
+        check_disjoint(table, cfg["dataset"]["pretrain_pool"])
     if cfg["dataset"]["skip_corrupt"]:
         write_corrupt_table(samples.corrupt, out_dir / CORRUPT_FILE)
         print(f"skipped {len(samples.corrupt)} corrupt images (dataset.skip_corrupt; listed in "

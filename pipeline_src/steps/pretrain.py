@@ -1,7 +1,10 @@
 """pretrain: produce the backbone every method starts from (and TAFT linearizes around).
 
-For `backbone.source: pretrain` a small timm ViT is trained on the *source* classes, which are
-disjoint from the downstream task; otherwise the timm model or checkpoint is imported.
+For `backbone.source: pretrain` a small timm ViT is trained on the *source* task: the source classes,
+disjoint from the downstream task's, or with `dataset.pretrain_pool` a keyed-hash pool of the training
+split, disjoint from every target image (`plan/pretrain_pool.py`); otherwise the timm model or
+checkpoint is imported. The record says what the backbone saw (`pretrain_data`); the ids it saw go
+to the private `source_ids.txt`.
 """
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ from timm.models.vision_transformer import VisionTransformer
 from pipeline_src.data.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
 from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.methods.training import fit
+from pipeline_src.plan.pretrain_pool import pool_record
 from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
+from pipeline_src.store.atomic import write_text
 from pipeline_src.store.metrics import metric_rows, write_metrics
 
 
@@ -30,6 +35,7 @@ def main(args: StepArgs) -> None:
             raise ValueError(f"config key 'dataset.img_size': backbone expects {tuple(img)} images, "
                              f"dataset gives {cfg['dataset']['img_size']}")
         save_backbone(model, record, args.output.model.rsplit("/", 1)[0])
+        write_text("", args.output.source_ids)  # an imported backbone: no sample of this study
         write_metrics([], args.output.metrics)
         return
 
@@ -54,8 +60,15 @@ def main(args: StepArgs) -> None:
         val_acc = (val_logits.argmax(-1) == val.labels).double().mean().item()
     print(f"pretrained on {len(train.ids)} source samples: source val accuracy {val_acc:.4f}, "
           f"source test accuracy {acc:.4f}")
-    save_backbone(model.cpu(), {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain"},
-                  args.output.model.rsplit("/", 1)[0])
+    pool_cfg = cfg["dataset"]["pretrain_pool"]
+    record = {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain",
+              "pretrain_data": pool_record(store.table, pool_cfg) if pool_cfg else
+              {"classes": sorted({c for c, t in zip(store.table.column("class_name").to_pylist(),
+                                                    store.table.column("task").to_pylist()) if t == "source"}),
+               "count": len(train.ids) + len(val.ids) + len(test.ids)}}
+    source_ids = sorted(train.ids + val.ids + test.ids)
+    write_text("".join(f"{i}\n" for i in source_ids), args.output.source_ids)  # private workspace
+    save_backbone(model.cpu(), record, args.output.model.rsplit("/", 1)[0])
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method="pretrain", kind="pretrain",
                    model="backbone", shards=1, shard_id=None, seed=cfg["seed"], split="source-test",
                    num_samples=len(test.ids))

@@ -11,7 +11,7 @@ from pipeline_src.store.results_db import connect
 # The report's first line: it counts images, times jobs and shows non-DP results, so no DP
 # guarantee covers it; a DP study's releasable folder is `release/` (docs/privacy.md).
 PRIVATE_NOTICE = ("PRIVATE WORKSPACE: not releasable, even in a DP study (it counts images, times jobs and shows "
-                  "non-DP results); the releasable folder of a DP study is results/release/ (docs/privacy.md).")
+                  "non-DP results); the releasable folder of a DP study is its release/, beside this report (docs/privacy.md).")
 
 
 def index_text(entries: list[str]) -> str:

@@ -12,6 +12,7 @@ from pipeline_src.data.augment import AugmentedInputs, train_transform
 from pipeline_src.data.backbone import load_backbone
 from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore, StoredImages
+from pipeline_src.job.training_memory import training_memory
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
 from pipeline_src.plan.job_settings import train_settings
 from pipeline_src.plan.sharding import shard_ids
@@ -91,11 +92,13 @@ class TrainingJob:
         return ids, inputs, self.store.subset(ids).labels.to(self.device)
 
     def save(self, state: dict, shard: int, ids: list[str], stats: dict, wall_time_s: float, path: str,
-             extra: dict | None = None) -> None:
+             extra: dict | None = None, model: torch.nn.Module | None = None) -> None:
         """Write one shard model and its record (config, sample ids, seeds; `extra` adds keys).
 
         `peak_mem_mb` is the job's peak so far (`store.metrics.peak_memory_mb`: CUDA max allocated
-        on a GPU, else the process's max RSS), the training memory the claims table compares.
+        on a GPU, else the process's max RSS). With `model`, the record also counts its training
+        memory as the LAST paper's Table 7 does (`job/training_memory.py`: weights, gradients,
+        optimizer state, activations; `train_mem_mb`), the figure the claims table compares.
         """
         record = {
             "kind": "trained", "method": self.name, "method_config": self.method_cfg, "train_settings": self.settings,
@@ -103,7 +106,7 @@ class TrainingJob:
             "head_seed": self.head_seed, "num_classes": self.num_classes,
             "backbone_digest": state_digest(self.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
             "device": str(self.device), "wall_time_s": wall_time_s, "peak_mem_mb": peak_memory_mb(self.device),
-            **(extra or {}), **stats,
+            **(training_memory(model) if model is not None else {}), **(extra or {}), **stats,
         }
         save_model(state, record, path)
         print(f"trained {self.name} shard {shard}/{self.shards} on {len(ids)} samples: loss {stats['train_loss']:.4f}")
@@ -150,4 +153,4 @@ def main(args: StepArgs) -> None:
     finally:
         if isinstance(features, AugmentedInputs):
             features.close()
-    job.save(model.trainable_state(), shard, ids, stats, time.perf_counter() - t0, args.output.model)
+    job.save(model.trainable_state(), shard, ids, stats, time.perf_counter() - t0, args.output.model, model=model)

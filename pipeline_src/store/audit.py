@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline_src.plan.forget import read_request
+from pipeline_src.plan.studies import add_study_args, in_study
 from pipeline_src.store.private_provenance import load_members, results_root_of
 
 
@@ -156,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline_src.store.audit", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a .safetensors model with its .json record beside it")
     parser.add_argument("ids", nargs="+", help="a request file (text or CSV) or sample ids")
+    add_study_args(parser)  # --study / --configfile: `model` is then a path inside that study's folder
     a = parser.parse_args(argv)
+    a.model = in_study(a.model, a)
     ids = read_request(a.ids[0]) if len(a.ids) == 1 and Path(a.ids[0]).is_file() else list(a.ids)
     try:
         result = audit_model(a.model, ids)

@@ -26,10 +26,11 @@ STORE = "provenance"
 
 
 def results_root_of(path: str | os.PathLike) -> Path:
-    """The results folder a model file lives in: its nearest ancestor named `results`, or one
-    that holds a provenance store (a results folder copied under another name)."""
+    """The results folder a model file lives in: its nearest ancestor that is a study's folder
+    (`results/<experiment>`, which holds `prepare/`), holds a provenance store (a results folder
+    copied under another name), or is named `results`."""
     for base in Path(path).resolve().parents:
-        if base.name == "results" or (base / STORE / "key").is_file():
+        if base.name == "results" or (base / STORE / "key").is_file() or (base / "prepare").is_dir():
             return base
     raise FileNotFoundError(f"{path} is not inside a results folder (no ancestor named 'results' or holding "
                             f"'{STORE}/key')")

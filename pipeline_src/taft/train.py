@@ -7,7 +7,8 @@ decay 0, the model in eval mode, an L2 penalty on Δw (here squared, see
 
 `train_tangent_vectorized` trains N shard models in one process: Δ is stacked
 along a leading shard axis and `torch.func.vmap(grad(...))` computes all N
-gradients in one call; AdamW is applied in closed form to the stacked tensors.
+gradients in one call; the loop, AdamW on the stacked tensors and the per-shard
+batch schedules are `optim.stacked_training.train_stacked`.
 Shards may differ in size: each shard keeps its own batch schedule (its own
 seeded permutation, ceil(n_i / batch_size) steps per epoch, a short last batch),
 batches are padded to `batch_size` with a 0/1 mask, and a shard with no batch
@@ -17,7 +18,6 @@ float64). Memory grows like N × one shard's batch, since all N batches run at o
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -25,8 +25,9 @@ import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.job.counters import counting
-from pipeline_src.optim.schedule import apply_schedule, lr_factor
-from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS, stacked_adamw_
+from pipeline_src.optim.schedule import apply_schedule
+from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
+from pipeline_src.optim.stacked_training import check_data, member_seeds, stack_params, train_stacked
 from pipeline_src.taft.jvp_layers import primal_grad_mode
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
 from pipeline_src.taft.primal_gradient import primal_gradient_backward
@@ -95,7 +96,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
     Returns:
         {"delta_state_dict", "loss_history" (per-epoch sample-weighted mean), "steps", "epochs", "n_samples"}.
     """
-    n = _check_data(features, labels, batch_size)
+    n = check_data(features, labels, batch_size)
     model.eval()
     params = model.delta_parameters()
     device, dtype = params[0].device, params[0].dtype
@@ -111,7 +112,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
             h = features[idx].to(device=device, dtype=dtype)
             y = labels[idx].to(device)
             apply_schedule(opt, lr, schedule, steps, -(-n // batch_size), epochs * -(-n // batch_size))
-            with counting("train", len(idx), device):
+            with counting("train", len(idx), device, memory=True):
                 total += tangent_step(model, opt, h, y, loss_fn, weight_decay_l2, radius) * len(idx)
             steps += 1
         history.append(total / n)
@@ -147,52 +148,18 @@ def train_tangent_vectorized(model: nn.Module, shards: Sequence[tuple[torch.Tens
         One dict per shard, as `train_tangent` returns.
     """
     S = len(shards)
-    if S == 0:
-        raise ValueError("train_tangent_vectorized: no shards")
-    seeds = [int(seed)] * S if isinstance(seed, int) else [int(s) for s in seed]
-    if len(seeds) != S:
-        raise ValueError(f"train_tangent_vectorized: {len(seeds)} seeds for {S} shards")
-    sizes = [_check_data(f, y, batch_size) for f, y in shards]
+    seeds = member_seeds(seed, S)
     model.eval()
     named = model.named_delta_parameters()
-    device, dtype = named[0][1].device, named[0][1].dtype
-    # Stacked Δ, Adam moments: (S, *shape) per parameter.
-    params = {f"tuned.{n}": p.detach().unsqueeze(0).repeat(S, *([1] * p.dim())).clone() for n, p in named}
-    exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
-    exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
-    step_count = torch.zeros(S, dtype=torch.long, device=device)
+    params = stack_params([(f"tuned.{n}", p) for n, p in named], S)  # stacked Δ: (S, *shape) per parameter
     loss_fn = get_loss(loss, alpha, kappa)
-
     grad_fn = stacked_gradients(model, loss_fn, weight_decay_l2, through_primal)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
-    steps_per_epoch = [math.ceil(n / batch_size) for n in sizes]
-    histories: list[list[float]] = [[] for _ in range(S)]
-    for epoch in range(epochs):
-        perms = [torch.randperm(n, generator=g) for n, g in zip(sizes, gens)]
-        totals = torch.zeros(S, dtype=torch.float64)
-        for step in range(max(steps_per_epoch)):
-            h, y, mask, counts = _padded_batch(shards, perms, step, batch_size, device, dtype)
-            active = counts > 0  # (S,)
-            with counting("train", int(counts.sum()), device):  # FLOPs of the padded batch, as computed
-                grads, losses = grad_fn(params, h, y, mask)
-            step_count += active.to(device)
-            lrs = lr if not schedule or schedule.get("name") == "constant" else torch.tensor(  # per shard, at its own step
-                [lr * lr_factor(schedule, k - 1, spe, spe * epochs) for k, spe in zip(step_count.tolist(),
-                                                                                    steps_per_epoch)],
-                dtype=torch.float64, device=device)
-            for n in params:
-                stacked_adamw_(params[n], grads[n], exp_avg[n], exp_avg_sq[n], step_count, lrs,
-                               active=active.to(device))
-            if radius is not None:
-                _project_stacked_(params, radius, active.to(device))
-            totals += losses.detach().double().cpu() * counts
-        for i in range(S):
-            histories[i].append(float(totals[i]) / sizes[i])
-        if progress is not None:
-            progress(epoch, [hist[-1] for hist in histories])
+    project = None if radius is None else (lambda p, active: _project_stacked_(p, radius, active))
+    out = train_stacked(params, grad_fn, shards, epochs=epochs, batch_size=batch_size, lr=lr, seeds=seeds,
+                        schedule=schedule, project=project, progress=progress)
     return [{"delta_state_dict": {n[len("tuned."):]: p[i].clone() for n, p in params.items()},
-             "loss_history": histories[i], "steps": steps_per_epoch[i] * epochs, "epochs": epochs,
-             "n_samples": sizes[i]} for i in range(S)]
+             "loss_history": out["histories"][i], "steps": out["steps_per_epoch"][i] * epochs, "epochs": epochs,
+             "n_samples": out["sizes"][i]} for i in range(S)]
 
 
 def stacked_gradients(model: nn.Module, loss_fn: Callable, weight_decay_l2: float = 0.0,
@@ -238,36 +205,6 @@ def stacked_gradients(model: nn.Module, loss_fn: Callable, weight_decay_l2: floa
         return g_delta, losses
 
     return grad_fn
-
-
-def _check_data(features: torch.Tensor, labels: torch.Tensor, batch_size: int) -> int:
-    n = len(labels)
-    if len(features) != n:
-        raise ValueError(f"features ({len(features)}) and labels ({n}) differ in length")
-    if n == 0:
-        raise ValueError("empty training set")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return n
-
-
-def _padded_batch(shards, perms, step: int, batch_size: int, device, dtype):
-    """Step `step` of every shard's schedule, padded to batch_size: h (S, b, N, D), y (S, b),
-    mask (S, b) and the real counts (S,) on CPU."""
-    hs, ys, masks, counts = [], [], [], []
-    for (feats, labels), perm in zip(shards, perms):
-        idx = perm[step * batch_size:(step + 1) * batch_size]
-        c = len(idx)
-        pad = torch.zeros(batch_size, dtype=torch.long)
-        pad[:c] = idx
-        hs.append(feats[pad])
-        ys.append(labels[pad])
-        m = torch.zeros(batch_size, dtype=dtype)
-        m[:c] = 1
-        masks.append(m)
-        counts.append(c)
-    return (torch.stack(hs).to(device=device, dtype=dtype), torch.stack(ys).to(device),
-            torch.stack(masks).to(device), torch.tensor(counts))
 
 
 @torch.no_grad()

@@ -34,6 +34,23 @@ def vit_tail(model: VisionTransformer, h: torch.Tensor, start: int) -> torch.Ten
     return model.forward_head(model.norm(h))
 
 
+def reinit_all(model: VisionTransformer, seed: int) -> None:
+    """Re-initialise every parameter from `seed` (a from-scratch model of the backbone's architecture):
+    each module's own `reset_parameters` (LayerNorm, the patch convolution), then timm's ViT init
+    (truncated-normal linears, position embedding and CLS token).
+
+    Args:
+        model: the ViT, changed in place.
+        seed: the init seed (the head seed: every shard starts from the same random model).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for module in model.modules():
+            if module is not model and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        model.init_weights()
+
+
 def reset_head(model: VisionTransformer, num_classes: int, seed: int) -> None:
     """Replace the classifier by a fresh `num_classes` head, initialised from `seed` only.
 

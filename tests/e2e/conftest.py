@@ -17,7 +17,7 @@ import pytest
 import yaml
 from filelock import FileLock
 
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, results_of, snakemake
 
 # What every study of the same dataset, backbone and seed shares: the prepared samples, the
 # backbone (and its metrics row), the feature caches and the upstream signature they depend on.
@@ -60,15 +60,15 @@ def copy_study(study: Path, dst: Path, parts: tuple[str, ...] | None = PREPARED)
     Args:
         study: a finished study's working directory.
         dst: the new working directory (its config.yaml is the caller's to write).
-        parts: only these files or folders under results/ (default: the prepared study,
-            `PREPARED`); None: all of results/.
+        parts: only these files or folders under results/<experiment>/ (default: the prepared
+            study, `PREPARED`); None: all of it.
     Returns:
         dst.
     """
     dst.mkdir(parents=True, exist_ok=True)
-    src_results = study / "results"
+    src_results = results_of(study)  # the copy is of the same study (experiment): results/<experiment>/
     for part in parts if parts is not None else sorted(p.name for p in src_results.iterdir()):
-        src, out = src_results / part, dst / "results" / part
+        src, out = src_results / part, dst / "results" / src_results.name / part
         if src.is_dir():
             shutil.copytree(src, out, copy_function=shutil.copy2)
         elif src.exists():

@@ -14,11 +14,11 @@ import yaml
 
 from pipeline_src.data.npy_rows import NpyRows
 from pipeline_src.store.model_io import record_path
-from tests.conftest import snakemake
+from tests.conftest import results_of, snakemake
 
 pytestmark = pytest.mark.e2e
 N = 2
-TARGETS = [f"results/metrics/evaluate/fc/n{N}_s0/shard{i}.parquet" for i in range(N)]
+TARGETS = [f"results/corrupt/metrics/evaluate/fc/n{N}_s0/shards.parquet"]
 
 
 def make_dataset(root: Path) -> tuple[str, str]:
@@ -55,19 +55,19 @@ def test_skipped_everywhere_with_skip_corrupt(tmp_path):
     truncated, text = study(tmp_path, layout="split_folders", skip_corrupt=True)
     proc = snakemake(tmp_path, "--cores", "2", *TARGETS)
     assert "2 corrupt images skipped" in proc.stderr  # said at validation
-    with open(tmp_path / "results/prepare/corrupt.csv") as f:
+    with open(results_of(tmp_path) / "prepare/corrupt.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["path"] for r in rows) == sorted([truncated, text])
-    assert "skipped 2 corrupt images" in (tmp_path / "results/logs/prepare/prepare.log").read_text()
-    samples = pq.read_table(tmp_path / "results/prepare/samples.parquet").to_pydict()
-    assert len(samples["sample_id"]) == 4 * 18 == len(NpyRows(tmp_path / "results/prepare/images.npy"))
+    assert "skipped 2 corrupt images" in (results_of(tmp_path) / "logs/prepare/prepare.log").read_text()
+    samples = pq.read_table(results_of(tmp_path) / "prepare/samples.parquet").to_pydict()
+    assert len(samples["sample_id"]) == 4 * 18 == len(NpyRows(results_of(tmp_path) / "prepare/images.npy"))
     assert all(s == i.split("/")[1] for i, s in zip(samples["sample_id"], samples["split"]))  # as given
     bad_ids = {"data/train/2/truncated.png", "data/train/2/text.jpg"}
     assert not bad_ids & set(samples["sample_id"])
     members = []
     for i in range(N):
-        members += pq.read_table(tmp_path / f"results/split/n{N}_s0/shard{i}.parquet").column("sample_id").to_pylist()
-        record = record_path(tmp_path / f"results/train/fc/n{N}_s0/shard{i}.safetensors")
+        members += pq.read_table(results_of(tmp_path) / f"split/n{N}_s0/shard{i}.parquet").column("sample_id").to_pylist()
+        record = record_path(results_of(tmp_path) / f"train/fc/n{N}_s0/shard{i}.safetensors")
         members_of_model = json.loads(record.read_text())["sample_ids"]
         assert not bad_ids & set(members_of_model)
     target_train = {i for i, t, s in zip(samples["sample_id"], samples["task"], samples["split"])
@@ -84,12 +84,12 @@ def test_without_skip_corrupt_a_new_bad_image_fails_before_any_job(tmp_path):
     data = {p: Path(p).read_bytes() for p in (truncated, text)}
     for p in data:
         Path(p).unlink()
-    snakemake(tmp_path, "--cores", "1", "results/prepare/samples.parquet")  # the existing study
-    before = {f: f.read_bytes() for f in (tmp_path / "results").rglob("*") if f.is_file() and ".plan_cache" not in f.parts}
+    snakemake(tmp_path, "--cores", "1", "results/corrupt/prepare/samples.parquet")  # the existing study
+    before = {f: f.read_bytes() for f in results_of(tmp_path).rglob("*") if f.is_file() and ".plan_cache" not in f.parts}
     Path(truncated).write_bytes(data[truncated])  # then one bad image lands in the dataset
-    proc = snakemake(tmp_path, "--cores", "1", "results/prepare/samples.parquet", check=False)
+    proc = snakemake(tmp_path, "--cores", "1", "results/corrupt/prepare/samples.parquet", check=False)
     assert proc.returncode != 0
     assert f"config key 'dataset.path': 1 image(s) do not decode, e.g. {truncated}" in proc.stderr
     assert "skip_corrupt" in proc.stderr and "rule prepare" not in proc.stdout + proc.stderr  # no job started
-    after = {f: f.read_bytes() for f in (tmp_path / "results").rglob("*") if f.is_file() and ".plan_cache" not in f.parts}
+    after = {f: f.read_bytes() for f in results_of(tmp_path).rglob("*") if f.is_file() and ".plan_cache" not in f.parts}
     assert after == before

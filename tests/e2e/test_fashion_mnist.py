@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, results_of, snakemake
 from tests.plan.test_idx_files import require_fashion_mnist
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +53,7 @@ def fashion_study(tmp_path_factory) -> tuple[Path, float]:
 
 def test_every_rule_of_the_study_ran_on_real_data(fashion_study):
     workdir, seconds = fashion_study
-    results = workdir / "results"
+    results = results_of(workdir, "fashion-mnist")
     samples = pq.read_table(results / "prepare" / "samples.parquet").to_pydict()
     assert 1000 <= len(samples["sample_id"]) <= 1300 and samples["sample_id"][0].startswith("train/")
     target = {c for c, t in zip(samples["class_name"], samples["task"]) if t == "target"}

@@ -2,7 +2,7 @@
 study (float16 caches, tests/e2e/conftest.py) against a copy of its prepared part run with
 `features.dtype=float32`, which reruns only `features`, the shard jobs and their evaluation. Every method that trains from
 a cache (fc, nlft-1, taft-1, last) at N = 1 and 2 must keep its test accuracy within TOLERANCE
-of the float32 run (measured on the whole tiny study: see README "Real scale").
+of the float32 run (measured on the whole tiny study: see docs/performance.md, "Real scale").
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import duckdb
 import pytest
 import yaml
 
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ METHODS = ("fc", "nlft-1", "taft-1", "last")
 
 def accuracies(workdir: Path) -> dict[tuple, float]:
     rows = duckdb.sql(f"""SELECT method, model, shards, shard_id, value FROM
-        read_parquet('{workdir}/results/metrics/evaluate/**/*.parquet', union_by_name=true)
+        read_parquet('{results_of(workdir)}/metrics/evaluate/**/*.parquet', union_by_name=true)
         WHERE metric = 'accuracy'""").fetchall()
     return {r[:4]: r[4] for r in rows}
 
@@ -34,6 +34,7 @@ def test_float16_caches_keep_the_float32_accuracies(tmp_path, tiny_study):
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["device"] = "cpu"
     cfg["methods"] = {m: cfg["methods"][m] for m in METHODS}
+    cfg["search"] = {"enabled": False}  # the methods themselves only (tests/e2e/test_search.py runs it)
     for study in ("fusion", "forget", "last_grid"):
         cfg.pop(study, None)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO, planned_outputs, snakemake
+from tests.conftest import REPO, planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -27,23 +27,23 @@ def study(tmp_path_factory, tiny_study):
 def fusion_rows(workdir, where: str) -> pd.DataFrame:
     return duckdb.sql(f"""SELECT method, model, shard_id, metric, value,
             json_extract_string(variant, '$.init') AS init, json_extract_string(variant, '$.matching') AS matching
-        FROM read_parquet(['{workdir}/results/metrics/fusion_match/**/*.parquet',
-                           '{workdir}/results/metrics/fuse/**/*.parquet'], union_by_name=true)
+        FROM read_parquet(['{results_of(workdir)}/metrics/fusion_match/**/*.parquet',
+                           '{results_of(workdir)}/metrics/fuse/**/*.parquet'], union_by_name=true)
         WHERE {where}""").df()
 
 
 def test_report_has_a_table2_row_per_method_init_and_fusion(study):
     workdir, cfg = study
     fus = cfg["fusion"]
-    table = pd.read_csv(workdir / "results" / "report" / "fusion_table2.csv")
+    table = pd.read_csv(results_of(workdir) / "report" / "fusion_table2.csv")
     assert len(table) == len(cfg["methods"]) * 2 * (1 + 3)  # inits x (shard mean + soup, fisher, regmean)
     assert list(table.columns) == ["method", "N", "init", "fusion", *fus["matching"]]
     assert table[fus["matching"]].stack().between(0, 1).all()
     # matching keeps each shard model's function: its accuracy is the same in every column
     shard = table[table.fusion == "shard (mean)"]
     assert (shard[fus["matching"]].nunique(axis=1) == 1).all()
-    assert (workdir / "results" / "report" / "fusion_figure3.png").stat().st_size > 0
-    index = (workdir / "results" / "report" / "index.md").read_text()
+    assert (results_of(workdir) / "report" / "fusion_figure3.png").stat().st_size > 0
+    index = (results_of(workdir) / "report" / "index.md").read_text()
     assert "fusion_table2.md" in index and "fusion_figure3.png" in index
 
 
@@ -61,7 +61,7 @@ def test_matched_models_keep_their_logits_and_move_towards_the_anchor(study):
 
 def test_random_reinit_models_record_their_own_inits(study):
     workdir, _ = study
-    records = [json.loads(p.read_text()) for p in sorted((workdir / "results" / "fusion_train").rglob("*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted((results_of(workdir) / "fusion_train").rglob("*.json"))]
     assert len(records) == 2 * 2  # methods x shards
     assert len({(r["method"], r["reinit_seed"]) for r in records}) == 4
     assert all(r["method_config"]["init_seed"] == r["reinit_seed"] for r in records if r["method"] == "last")
@@ -83,7 +83,7 @@ def test_audit_reads_every_fused_model(study, tmp_path, monkeypatch):
     from pipeline_src.store.audit import audit_model
 
     workdir, _ = study
-    fused = sorted((workdir / "results" / "fuse").rglob("*.safetensors"))
+    fused = sorted((results_of(workdir) / "fuse").rglob("*.safetensors"))
     assert fused
     monkeypatch.chdir(tmp_path)
     for model in fused:

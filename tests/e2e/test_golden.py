@@ -24,7 +24,7 @@ import duckdb
 import pytest
 
 from pipeline_src.plan.environment import LOCK_FILE, fingerprint, lock_drift_message
-from tests.conftest import REPO
+from tests.conftest import REPO, results_of
 
 GOLDEN = REPO / "tests" / "golden" / "tiny_accuracy.csv"
 KEY = ("method", "kind", "model", "shards", "shard_id", "seed", "split", "variant")
@@ -35,7 +35,7 @@ def accuracy_rows(workdir: Path) -> list[dict]:
     """The accuracy rows of a finished study in `workdir`, sorted by KEY."""
     cols = ", ".join(KEY)
     rows = duckdb.sql(f"""SELECT {cols}, num_samples, value AS accuracy FROM
-        read_parquet('{workdir}/results/metrics/**/*.parquet', union_by_name=true)
+        read_parquet('{results_of(workdir)}/metrics/**/*.parquet', union_by_name=true)
         WHERE metric = 'accuracy' ORDER BY ALL""").fetchall()
     return [dict(zip((*KEY, "num_samples", "accuracy"), r)) for r in rows]
 
@@ -106,7 +106,7 @@ def test_the_tiny_study_reproduces_the_golden_accuracies(tiny_study):
             pytest.skip(f"not the locked environment, golden numbers need not hold: {drift}")
         assert GOLDEN.is_file(), f"{GOLDEN} is missing: run `make golden`"
     rows = accuracy_rows(tiny_study)  # the `.test` study on the CPU, run once per session
-    assert_fingerprinted(tiny_study / "results")
+    assert_fingerprinted(results_of(tiny_study))
     keys = [key_of(r) for r in rows]
     assert len(keys) == len(set(keys)), "accuracy rows of the tiny study are not unique by " + ", ".join(KEY)
     if UPDATE:

@@ -1,4 +1,4 @@
-"""Kill a running study and recover with the README's commands (issue 15, item 8); a SIGKILL of the
+"""Kill a running study and recover with the commands of docs/reliability.md (issue 15, item 8); a SIGKILL of the
 Snakemake process alone stops its jobs before they write anything (issue 24, item 1)."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from safetensors import safe_open
 
-from tests.conftest import REPO, planned_outputs
+from tests.conftest import REPO, planned_outputs, results_of
 from tests.e2e.conftest import copy_study
 from tests.store.test_atomic import killed_writer
 
@@ -28,15 +28,16 @@ def tiny_one_method() -> dict:
     """The .test study cut to one method and one shard count; training long enough to be caught."""
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg.update(methods={"nlft-1": {"kind": "nlft", "k": 1}}, shards=[2], fusion={"enabled": False},
-               forget={"study": {"enabled": False}}, last_grid={"enabled": False})
+               forget={"study": {"enabled": False}}, last_grid={"enabled": False}, search={"enabled": False})
     cfg["train"]["epochs"] = 200  # seconds per training job: the kill lands in one
     return cfg
 
 
 def recovery_commands() -> list[list[str]]:
-    """The commands of the README's 'When a run is interrupted' section, as written (comments cut)."""
-    section = (REPO / "README.md").read_text().split("## When a run is interrupted", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    """The commands of docs/reliability.md's 'When a run is interrupted' section, as written (comments cut)."""
+    page = (REPO / "docs" / "reliability.md").read_text()
+    section = page.split("## When a run is interrupted", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash[^\n]*\n(.*?)```", section, re.S).group(1)
     return [line.split("#", 1)[0].split()[1:] for line in block.splitlines() if line.startswith(".venv/bin/snakemake")]
 
 
@@ -54,12 +55,12 @@ def processes_in(folder: Path) -> list[int]:
 
 def training_now(workdir: Path, log: Path) -> bool:
     """A training job has started (its log exists) and not finished (no model yet)."""
-    model = workdir / "results" / "train" / log.relative_to(workdir / "results" / "logs" / "train").with_suffix(".safetensors")
+    model = results_of(workdir, "tiny") / "train" / log.relative_to(results_of(workdir, "tiny") / "logs" / "train").with_suffix(".safetensors")
     return log.exists() and not model.exists() and bool(processes_in(workdir))  # the log opens at the start
 
 
 def metric_rows(workdir: Path) -> int:
-    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{workdir}/results/metrics/**/*.parquet', "
+    return duckdb.sql(f"SELECT count(*) FROM read_parquet('{results_of(workdir, 'tiny')}/metrics/**/*.parquet', "
                       "union_by_name=true)").fetchall()[0][0]
 
 
@@ -69,12 +70,12 @@ def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
                           cwd=workdir)
 
 
-def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
+def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study):
     sockets = tmp_path / "sockets"  # a fork server of this test's own
     sockets.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
     clean, killed = tmp_path / "clean", tmp_path / "killed"
-    study = ("--configfile", "my_study.yaml")  # the README's name; no config.yaml (default study) in the folder
+    study = ("--configfile", "my_study.yaml")  # the page's name; no config.yaml (default study) in the folder
     for d in (clean, killed):
         copy_study(tiny_study, d)  # the prepared samples and backbone
         (d / "my_study.yaml").write_text(yaml.safe_dump(tiny_one_method()))
@@ -86,7 +87,7 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
 
     smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2", *study], env=env, cwd=killed,
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    train_logs = killed / "results" / "logs" / "train"
+    train_logs = results_of(killed, "tiny") / "logs" / "train"
     deadline = time.monotonic() + 300
     while not (caught := [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]):
         assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
@@ -101,13 +102,13 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
     assert not list(sockets.glob("*.sock")), "the fork server outlived its killed client"
     for log in caught:  # the interrupted job was stopped, not left to finish behind the rerun
         assert not training_now(killed, log) and not log.with_suffix(".bench.tsv").exists(), log
-        model = killed / "results" / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
+        model = results_of(killed, "tiny") / "train" / log.relative_to(train_logs).with_suffix(".safetensors")
         assert not model.exists(), f"{model}: the killed run's job finished after the kill"
 
     proc = run(killed, "--cores", "2", *study, env=env)
     assert proc.returncode != 0 and re.search(r"unlock|incomplete", proc.stderr, re.I), proc.stderr[-2000:]
-    killed_writer(killed / "results" / "compose" / "regmean.parquet")  # a kill between write and rename
-    assert list((killed / "results").rglob("*.tmp"))
+    killed_writer(results_of(killed, "tiny") / "compose" / "regmean.parquet")  # a kill between write and rename
+    assert list(results_of(killed, "tiny").rglob("*.tmp"))
     for args in recovery_commands():
         proc = run(killed, *args, env=env)
         assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
@@ -116,7 +117,7 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
     proc = run(killed, "-n", "--cores", "2", *study, env=env)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert metric_rows(killed) > 0
-    files = list((killed / "results").rglob("*.parquet")) + list((killed / "results").rglob("*.safetensors"))
+    files = list(results_of(killed, "tiny").rglob("*.parquet")) + list(results_of(killed, "tiny").rglob("*.safetensors"))
     for f in files:
         if f.suffix == ".parquet":
             pq.read_table(f)
@@ -124,15 +125,15 @@ def test_a_killed_run_recovers_with_the_readme_commands(tmp_path, tiny_study):
             with safe_open(str(f), "pt") as st:
                 for k in st.keys():
                     st.get_tensor(k)
-    assert not list((killed / "results").rglob("*.tmp"))
+    assert not list(results_of(killed, "tiny").rglob("*.tmp"))
 
 
 def result_files(workdir: Path, logs: bool = True) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file under results/ (without results/logs/ for logs=False)."""
     files = {}
-    for f in (workdir / "results").rglob("*"):
+    for f in results_of(workdir, "tiny").rglob("*"):
         rel = f.relative_to(workdir).as_posix()
-        if f.is_file() and (logs or not rel.startswith("results/logs/")):
+        if f.is_file() and (logs or not rel.startswith("results/tiny/logs/")):
             st = f.stat()
             files[rel] = (st.st_size, st.st_mtime_ns)
     return files
@@ -147,7 +148,7 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
     (killed / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
     smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    train_logs = killed / "results" / "logs" / "train"
+    train_logs = results_of(killed, "tiny") / "logs" / "train"
     try:
         deadline = time.monotonic() + 300
         while not [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]:
@@ -164,7 +165,7 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
         after = result_files(killed)
         time.sleep(3)
         assert result_files(killed) == after, "a file changed after the jobs stopped"
-        new = {f: v for f, v in after.items() if not f.startswith("results/logs/") and at_kill.get(f) != v}
+        new = {f: v for f, v in after.items() if not f.startswith("results/tiny/logs/") and at_kill.get(f) != v}
         assert not new, f"written after the kill: {sorted(new)}"
         for _ in range(50):
             if not list(sockets.glob("*.sock")):
@@ -174,3 +175,60 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
     finally:
         for pid in processes_in(killed):  # on the code before the fix: do not leave the orphans running
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_forcerun_loses_nothing_after_the_readme_recovery(tmp_path, tiny_study):
+    """A `--forcerun` deletes the old outputs of its jobs when they start; killed then, the files were
+    lost: their readers were up to date, so Snakemake said "Nothing to be done" (issue 33, item 1)."""
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
+    killed = copy_study(tiny_study, tmp_path / "killed", parts=None)
+    (killed / "my_study.yaml").write_text((tiny_study / "config.yaml").read_text())
+    study = ("--configfile", "my_study.yaml")
+    before = sorted(f for f in result_files(killed, logs=False) if not f.startswith("results/report/"))
+    shards = [f"results/train/taft-1/n2_s0/shard{i}.safetensors" for i in (0, 1)]
+    assert all(f in before for f in shards)
+
+    smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2", *study, "--forcerun", *shards],
+                           env=env, cwd=killed, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while all((killed / f).exists() for f in shards):  # Snakemake deletes a forced job's outputs as it starts it
+        assert smk.poll() is None and time.monotonic() < deadline, "the forced jobs never started"
+        time.sleep(0.01)
+    os.killpg(smk.pid, signal.SIGKILL)
+    smk.wait()
+    for _ in range(100):
+        if not processes_in(killed):
+            break
+        time.sleep(0.1)
+    lost = [f for f in before if not (killed / f).exists()]
+    assert lost, "the kill came after the forced jobs had rebuilt their files"
+    killed_writer(killed / "results" / "compose" / "regmean.parquet")  # a kill between write and rename
+
+    for args in recovery_commands():
+        proc = run(killed, *args, env=env)
+        assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
+    missing = [f for f in before if not (killed / f).exists()]
+    assert not missing, f"lost after the README's recovery: {missing[:5]} (of {lost})"
+    for f in before:
+        if f.endswith(".parquet"):
+            pq.read_table(killed / f)
+        elif f.endswith(".safetensors"):
+            with safe_open(str(killed / f), "pt") as st:
+                for k in st.keys():
+                    st.get_tensor(k)
+    assert not list((killed / "results").rglob("*.tmp"))
+    proc = run(killed, "-n", "--cores", "2", *study, env=env)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_temp_files_of_killed_writers_go_even_when_no_job_starts(tmp_path, tiny_study):
+    killed = copy_study(tiny_study, tmp_path / "done", parts=None)
+    (killed / "my_study.yaml").write_text((tiny_study / "config.yaml").read_text())
+    killed_writer(killed / "results" / "compose" / "regmean.parquet")
+    assert list((killed / "results").rglob("*.tmp"))
+    proc = run(killed, "--cores", "2", "--configfile", "my_study.yaml", env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert not list((killed / "results").rglob("*.tmp"))

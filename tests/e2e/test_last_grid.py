@@ -12,7 +12,7 @@ from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.plan.last_grid import grid_points, point_label
 from pipeline_src.reports.last_grid import last_grid
 from pipeline_src.store.results_db import connect
-from tests.conftest import REPO, planned_outputs, snakemake
+from tests.conftest import REPO, planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 TINY = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
@@ -62,7 +62,7 @@ def test_bias_correction_is_an_axis_and_an_ffn_base_is_refused():
         validate_config(ffn, count_samples=False)
 
 
-BASE_EVAL = "results/metrics/evaluate/last/n1_s0/shard0.parquet"
+BASE_EVAL = "results/tiny/metrics/evaluate/last/n1_s0/shards.parquet"
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +71,14 @@ def study(tmp_path_factory, tiny_study):
     (workdir / "config.yaml").write_text(yaml.safe_dump(TINY))
     # The report depends on the grid's metrics file (STUDY_METRICS).
     dry = snakemake(workdir, "-n", "--cores", "1", "report")
-    assert "results/metrics/last_grid/last/n1_s0.parquet" in planned_outputs(dry)
+    assert "results/tiny/metrics/last_grid/last/n1_s0.parquet" in planned_outputs(dry)
     snakemake(workdir, "--cores", "2", "last_grid_study", BASE_EVAL)
     return workdir, validate_config(TINY, count_samples=False)
 
 
 def grid_metrics(workdir):
     return duckdb.sql(f"""SELECT *, json_extract_string(variant, '$.study') AS study
-                          FROM read_parquet('{workdir}/results/metrics/last_grid/**/*.parquet')""").df()
+                          FROM read_parquet('{results_of(workdir)}/metrics/last_grid/**/*.parquet')""").df()
 
 
 @pytest.mark.e2e
@@ -91,13 +91,13 @@ def test_one_row_per_member_split_and_metric(study):
     assert set(rows.study) == {"last_grid"} and set(rows.model) == {"last-grid"} and set(rows.method) == {"last"}
     assert rows.groupby(["variant", "split", "metric"]).size().eq(1).all()
     assert rows[rows.metric == "accuracy"].value.between(0, 1).all()
-    assert (workdir / "results" / "logs" / "last_grid" / "last" / "n1_s0.bench.tsv").exists()
+    assert (results_of(workdir) / "logs" / "last_grid" / "last" / "n1_s0.bench.tsv").exists()
 
 
 @pytest.mark.e2e
 def test_report_table_has_one_row_per_grid_point(study, tmp_path):
     workdir, cfg = study
-    paths = last_grid(connect(workdir / "results"), tmp_path)
+    paths = last_grid(connect(results_of(workdir)), tmp_path)
     assert [p.name for p in paths] == ["last_grid.md", "last_grid.csv", "last_grid.png"]
     import pandas as pd
 

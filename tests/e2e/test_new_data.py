@@ -16,7 +16,7 @@ from tests.conftest import snakemake
 
 pytestmark = pytest.mark.e2e
 N = 4
-TARGETS = [f"results/train/fc/n{N}_s0/shard{i}.safetensors" for i in range(N)]
+TARGETS = [f"results/newdata/train/fc/n{N}_s0/shard{i}.safetensors" for i in range(N)]
 
 
 def run(workdir: Path, *args: str) -> str:
@@ -51,7 +51,9 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
                                                  "in_chans": 1, "source_classes": [0, 1]},
            "backbone": {"source": "pretrain", "arch": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
                         "pretrain": {"epochs": 1, "batch_size": 64}},
-           "train": {"epochs": 1, "batch_size": 64}, "methods": {"fc": {"kind": "fc"}}, "shards": [N]}
+           "train": {"epochs": 1, "batch_size": 64}, "shards": [N],
+           # per-shard jobs: new data reruns a vectorized job (all N shards) whole (README "Training shards together")
+           "methods": {"fc": {"kind": "fc", "vectorized_shards": False}}}
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     run(workdir, *TARGETS)
     return workdir, cfg
@@ -79,5 +81,5 @@ def test_removing_one_sample_changes_one_shard(study):
     victim = next(i for i, s, c in zip(table["sample_id"], table["split"], table["class_name"])
                   if s == "train" and c == "3")
     (workdir / victim).unlink()
-    assert planned(workdir, "forget_manifest") == {f"results/split/n{N}_s0/shard{shard_of(victim, N, 0)}.parquet"}
+    assert planned(workdir, "forget_manifest") == {f"results/newdata/split/n{N}_s0/shard{shard_of(victim, N, 0)}.parquet"}
     assert planned(workdir, "train") == {TARGETS[shard_of(victim, N, 0)]}

@@ -24,7 +24,7 @@ from pipeline_src.steps.features import load_rows
 from pipeline_src.store.audit import audit_model
 from pipeline_src.store.private_provenance import load_members
 from pipeline_src.store.results_db import connect
-from tests.conftest import REPO, planned_outputs, snakemake
+from tests.conftest import REPO, planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ PAPER = {"methods": ["taft-1"], "regimes": ["fc"], "epochs": 3}  # the paper pro
 
 def study_config(**privacy) -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg.pop("fusion", None), cfg.pop("forget", None)  # only the privacy study here
+    cfg.pop("fusion", None), cfg.pop("forget", None), cfg.pop("search", None)  # only the privacy study here
     cfg["methods"]["last"] = {"kind": "last", "rank": 8, "heads": 2}
     cfg["privacy"] = {"enabled": True, "epochs": 2, "batch_size": 64, "public_train_size": PUBLIC_SIZE, **privacy}
     return cfg
@@ -61,9 +61,9 @@ def study(tmp_path_factory, tiny_study) -> Path:
 
 
 def test_table3_has_a_row_per_method_and_regime_and_a_column_per_epsilon(study):
-    out = study / "results" / "report"
+    out = results_of(study) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    con = connect(study / "results")
+    con = connect(results_of(study))
     paths = [p for report in REPORTS.values() for p in report(con, out)]
     assert {p.name for p in paths} >= {"privacy_table3.md", "privacy_table3.csv", "privacy_composition.csv",
                                        "privacy_accuracy.png"}
@@ -77,12 +77,12 @@ def test_table3_has_a_row_per_method_and_regime_and_a_column_per_epsilon(study):
 
 
 def test_recorded_epsilon_equals_opacus_accountant(study):
-    records = sorted((study / "results" / "private").rglob("shard*.json"))
+    records = sorted((results_of(study) / "private").rglob("shard*.json"))
     assert len(records) == len(METHODS) * len(REGIMES) * len(EPSILONS) + len(EPSILONS) + 2
     metrics = duckdb.sql(f"""SELECT json_extract_string(variant, '$.protocol') AS protocol, method,
         json_extract_string(variant, '$.regime') AS regime, shards, shard_id,
         CAST(json_extract(variant, '$.epsilon') AS DOUBLE) AS target, value FROM
-        read_parquet('{study}/results/metrics/private/**/shard*.parquet') WHERE metric = 'epsilon'""").fetchall()
+        read_parquet('{results_of(study)}/metrics/private/**/shard*.parquet') WHERE metric = 'epsilon'""").fetchall()
     reported = {(pr, m, r, n, s, t): v for pr, m, r, n, s, t, v in metrics}
     for path in records:
         rec = json.loads(path.read_text())
@@ -108,10 +108,10 @@ def test_recorded_epsilon_equals_opacus_accountant(study):
 
 def test_a_dp_studys_private_files_are_owner_only(study):
     """The manifests of the DP shards (written 0644 by the non-DP tiny study first) and the
-    provenance store end 0600, whatever the umask (the release boundary, README "Privacy")."""
+    provenance store end 0600, whatever the umask (the release boundary, docs/privacy.md)."""
     import stat
 
-    results = study / "results"
+    results = results_of(study)
     files = [results / f"split/n{n}_s0/shard{i}.parquet" for n in (1, 2) for i in range(n)]
     files += [p for p in (results / "provenance").rglob("*") if p.is_file()]
     assert len(files) > 4
@@ -121,33 +121,33 @@ def test_a_dp_studys_private_files_are_owner_only(study):
 
 def test_regimes_train_only_their_parameters(study):
     for method in METHODS:
-        rec = json.loads((study / f"results/private/ours/{method}/fc/eps8/n1_s0/shard0.json").read_text())
+        rec = json.loads((results_of(study) / f"private/ours/{method}/fc/eps8/n1_s0/shard0.json").read_text())
         head = {"nlft-1": "model.head.", "taft-1": "head.delta.", "last": "side.head."}[method]
         assert sorted(rec["trained_parameters"]) == [head + "bias", head + "weight"]
-        full = json.loads((study / f"results/private/ours/{method}/full/eps8/n1_s0/shard0.json").read_text())
+        full = json.loads((results_of(study) / f"private/ours/{method}/full/eps8/n1_s0/shard0.json").read_text())
         assert len(full["trained_parameters"]) > 4
 
 
 def test_dp_taft_shards_compose_to_their_ensemble(study):
-    base = study / "results" / "private" / "ours" / "taft-1" / "fc" / "eps8" / "n2_s0"
+    base = results_of(study) / "private" / "ours" / "taft-1" / "fc" / "eps8" / "n2_s0"
     soup = json.loads((base / "soup.json").read_text())
     shards = [json.loads((base / f"shard{i}.json").read_text()) for i in range(2)]
-    members = [set(load_members(study / "results", s["membership_ref"])) for s in shards]
-    assert members == [set(pq.read_table(study / f"results/split/n2_s0/shard{i}.parquet").column("sample_id")
+    members = [set(load_members(results_of(study), s["membership_ref"])) for s in shards]
+    assert members == [set(pq.read_table(results_of(study) / f"split/n2_s0/shard{i}.parquet").column("sample_id")
                            .to_pylist()) for i in range(2)]
     assert not members[0] & members[1]
     assert soup["privacy"]["epsilon_spent"] == max(s["privacy"]["epsilon_spent"] for s in shards) <= 8
     # the composed Δw sum equals the explicit ensemble (mean logits) of the shard models
-    store = SampleStore(study / "results" / "prepare" / "samples.parquet")
+    store = SampleStore(results_of(study) / "prepare" / "samples.parquet")
     ids = store.ids("target", "test")[:64]
-    h = load_rows(study / "results" / "features" / "last1" / "features.npy", store.rows(ids))
-    backbone = study / "results" / "pretrain"
+    h = load_rows(results_of(study) / "features" / "last1" / "features.npy", store.rows(ids))
+    backbone = results_of(study) / "pretrain"
     with torch.no_grad():
         logits = [load_tuned_model(backbone, base / f"{n}.safetensors")[0].eval().double().forward_from_prefix(h.double())
                   for n in ("shard0", "shard1", "soup")]
     torch.testing.assert_close(logits[2], (logits[0] + logits[1]) / 2, rtol=1e-5, atol=1e-6)  # Δ stored in float32
     rows = dict(duckdb.sql(f"""SELECT model || '/' || metric, value FROM
-        read_parquet('{study}/results/metrics/private/ours/taft-1/fc/eps8/n2_s0/*.parquet')""").fetchall())
+        read_parquet('{results_of(study)}/metrics/private/ours/taft-1/fc/eps8/n2_s0/*.parquet')""").fetchall())
     assert set(rows) >= {"dp-soup/accuracy", "dp-soup/epsilon", "dp-shard/accuracy"}
 
 
@@ -173,13 +173,13 @@ def test_a_changed_setting_reruns_the_dp_jobs_that_read_it_only(study, tmp_path,
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     outputs = planned_outputs(snakemake(study, "-n", "--cores", "2", "privacy", "--configfile",
                                         str(tmp_path / "config.yaml")))
-    trained = {"/".join(o.split("/")[2:6]) for o in outputs if o.startswith("results/private/") and "/shard" in o}
+    trained = {"/".join(o.split("/")[3:7]) for o in outputs if o.startswith("results/tiny/private/") and "/shard" in o}
     assert trained == planned
 
 
 def _all_member_ids(study: Path) -> set[str]:
     ids = set()
-    for manifest in (study / "results" / "split").rglob("shard*.parquet"):
+    for manifest in (results_of(study) / "split").rglob("shard*.parquet"):
         ids |= set(pq.read_table(manifest).column("sample_id").to_pylist())
     return ids
 
@@ -189,9 +189,9 @@ def test_no_file_written_for_a_dp_model_names_a_member(study, tmp_path):
     (which also carries its label) appears in any of them."""
     members = _all_member_ids(study)
     assert len(members) > 100
-    export_model(study / "results/private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors", tmp_path / "export")
-    files = [f for root in ("results/private", "results/metrics/private", "results/logs/train_private",
-                            "results/logs/compose_private", "results/logs/evaluate_private")
+    export_model(results_of(study) / "private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors", tmp_path / "export")
+    files = [f for root in ("results/tiny/private", "results/tiny/metrics/private", "results/tiny/logs/train_private",
+                            "results/tiny/logs/compose_private", "results/tiny/logs/evaluate_private")
              for f in (study / root).rglob("*") if f.is_file()]
     files += [f for f in (tmp_path / "export").rglob("*") if f.is_file()]
     assert len(files) > 40
@@ -202,18 +202,18 @@ def test_no_file_written_for_a_dp_model_names_a_member(study, tmp_path):
 
 
 def test_audit_resolves_dp_members_from_the_private_store(study, tmp_path, monkeypatch):
-    soup = study / "results/private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors"
-    member = sorted(load_members(study / "results", json.loads((soup.parent / "shard1.json").read_text())
+    soup = results_of(study) / "private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors"
+    member = sorted(load_members(results_of(study), json.loads((soup.parent / "shard1.json").read_text())
                                  ["membership_ref"]))[0]
     monkeypatch.chdir(tmp_path)  # paths resolve inside the model's own results tree, not the cwd
     result = audit_model(soup, [member])
     assert [p for p, _ in result.hits] == [str(soup.parent.resolve() / "shard1.safetensors")]
-    store = SampleStore(study / "results" / "prepare" / "samples.parquet")
+    store = SampleStore(results_of(study) / "prepare" / "samples.parquet")
     assert audit_model(soup, store.ids("target", "test")[:5]).clean
 
 
 def test_exported_dp_model_loads_in_a_fresh_process_with_the_same_logits(study, tmp_path):
-    soup = study / "results/private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors"
+    soup = results_of(study) / "private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors"
     dest = export_model(soup, tmp_path / "shared" / "taft-dp")
     record = json.loads((dest / "model.json").read_text())
     assert {"epsilon", "delta", "sigma", "max_grad_norm", "sample_rate", "steps", "accountant"} <= set(
@@ -221,7 +221,7 @@ def test_exported_dp_model_loads_in_a_fresh_process_with_the_same_logits(study, 
     x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     torch.save(x, tmp_path / "x.pt")
     with torch.no_grad():
-        expected = load_tuned_model(study / "results" / "pretrain", soup)[0].eval()(x)
+        expected = load_tuned_model(results_of(study) / "pretrain", soup)[0].eval()(x)
     code = ("import sys, torch; from pipeline_src.methods.export import load_exported; "
             "m, _, _ = load_exported(sys.argv[1]); x = torch.load(sys.argv[2], weights_only=True); "
             "torch.save(m(x).detach(), sys.argv[3])")

@@ -19,7 +19,7 @@ import yaml
 
 from pipeline_src.methods.export import load_exported
 from pipeline_src.steps.privacy.release import COLUMNS
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, results_of, snakemake
 
 pytestmark = pytest.mark.e2e
 DP_ONLY = ("private", "metrics/private", "release", "logs/train_private", "logs/evaluate_private", "logs/release")
@@ -60,17 +60,17 @@ def _neighbours(tmp_path_factory) -> tuple[Path, Path]:
     b = tmp_path_factory.mktemp("release_b")
     shutil.copytree(a / "results", b / "results", copy_function=shutil.copy2,
                     ignore=lambda d, names: [n for n in names if any(
-                        (Path(d) / n).match(f"*/results/{p}") for p in DP_ONLY)])
+                        (Path(d) / n).match(f"*/results/*/{p}") for p in DP_ONLY)])
     shutil.copytree(a / ".snakemake" / "metadata", b / ".snakemake" / "metadata", copy_function=shutil.copy2)
     shutil.copy2(a / "config.yaml", b / "config.yaml")
-    manifest = b / "results" / "split" / "n1_s0" / "shard0.parquet"
+    manifest = results_of(b) / "split" / "n1_s0" / "shard0.parquet"
     table = pq.read_table(manifest)
     pq.write_table(table.slice(1), manifest)  # D' = D minus its first sample
     snakemake(b, "--cores", "2", "release")
-    logs = [next((w / "results" / "logs" / "train_private").rglob("*.log")).read_text() for w in (a, b)]
+    logs = [next((results_of(w) / "logs" / "train_private").rglob("*.log")).read_text() for w in (a, b)]
     sizes = [int(re.search(r"DP-trained .* on (\d+) samples", t).group(1)) for t in logs]
     assert sizes[1] == sizes[0] - 1  # the neighbour's DP job trained on one sample fewer
-    return a / "results" / "release", b / "results" / "release"
+    return results_of(a) / "release", results_of(b) / "release"
 
 
 def _files(root: Path) -> dict[str, Path]:
@@ -123,11 +123,11 @@ def _open_paths(root: Path) -> list[str]:
 
 
 def test_everything_a_dp_study_writes_is_owner_only_under_umask_022(neighbours):
-    a, b = (r.parent.parent for r in neighbours)
-    for w in (a, b):
-        assert _open_paths(w / "results") == [] and _open_paths(w / ".snakemake" / "metadata") == []
-        assert stat.S_IMODE((w / "results" / "split" / "n1_s0" / "shard0.parquet").stat().st_mode) == 0o600
-        assert stat.S_IMODE((w / "results" / "split").stat().st_mode) == 0o700
+    a, b = (r.parent.parent.parent for r in neighbours)
+    for w in (a, b):  # the study's own folder (results/ itself holds every study's)
+        assert _open_paths(results_of(w)) == [] and _open_paths(w / ".snakemake" / "metadata") == []
+        assert stat.S_IMODE((results_of(w) / "split" / "n1_s0" / "shard0.parquet").stat().st_mode) == 0o600
+        assert stat.S_IMODE((results_of(w) / "split").stat().st_mode) == 0o700
 
 
 def test_enabling_privacy_late_closes_what_a_non_dp_study_wrote(tmp_path, umask_022):
@@ -136,16 +136,17 @@ def test_enabling_privacy_late_closes_what_a_non_dp_study_wrote(tmp_path, umask_
     cfg = _config()
     cfg["privacy"]["enabled"] = False
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    old = [tmp_path / "results/split/n2_s0/shard1.parquet", tmp_path / "results/train/nlft-1/n2_s0/shard1.json",
-           tmp_path / "results/prepare/samples.parquet"]
+    study = results_of(tmp_path)
+    old = [study / "split/n2_s0/shard1.parquet", study / "train/nlft-1/n2_s0/shard1.json",
+           study / "prepare/samples.parquet"]
     for p in old:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("written by a non-DP study")
     snakemake(tmp_path, "-n", "--cores", "1", "evaluate_all")
-    assert stat.S_IMODE(old[0].stat().st_mode) == 0o644 and _open_paths(tmp_path / "results")  # not a DP study yet
+    assert stat.S_IMODE(old[0].stat().st_mode) == 0o644 and _open_paths(study)  # not a DP study yet
     cfg["privacy"]["enabled"] = True
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     snakemake(tmp_path, "-n", "--cores", "1", "release")
-    assert _open_paths(tmp_path / "results") == []
+    assert _open_paths(study) == []
     assert [stat.S_IMODE(p.stat().st_mode) for p in old] == [0o600] * 3
-    assert stat.S_IMODE((tmp_path / "results" / "split" / "n2_s0").stat().st_mode) == 0o700
+    assert stat.S_IMODE((study / "split" / "n2_s0").stat().st_mode) == 0o700

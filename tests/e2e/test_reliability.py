@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, results_of
 from tests.conftest import snakemake as run_snakemake
 from tests.e2e.conftest import copy_study
 
@@ -58,10 +58,10 @@ def test_a_configfile_replaces_the_default_study(tmp_path):
 def test_a_bad_backbone_fails_before_any_job_and_keeps_the_old_one(tmp_path, tiny_study):
     wf = copy_workflow(tmp_path / "wf", TINY)
     copy_study(tiny_study, wf, parts=("prepare", "pretrain", "metrics/pretrain"))  # the old backbone
-    kept = sorted(p for d in ("results/pretrain", "results/metrics/pretrain") for p in (wf / d).iterdir())
+    kept = sorted(p for d in ("results/tiny/pretrain", "results/tiny/metrics/pretrain") for p in (wf / d).iterdir())
     before = {p: p.read_bytes() for p in kept}
     truncated = tmp_path / "truncated.safetensors"
-    truncated.write_bytes((wf / "results/pretrain/model.safetensors").read_bytes()[:-64])
+    truncated.write_bytes((results_of(wf) / "pretrain/model.safetensors").read_bytes()[:-64])
     bad_ckpt = {**TINY, "backbone": {**TINY["backbone"], "source": "checkpoint", "checkpoint": str(truncated)}}
     bad_name = {**TINY, "backbone": {"source": "timm", "timm_name": "vit_no_such_model_patch4"}}
     for bad, key in ((bad_ckpt, "backbone.checkpoint"), (bad_name, "backbone.timm_name")):
@@ -108,9 +108,9 @@ def test_each_workflow_runs_its_own_code(tmp_path, private_tmpdir, forkserver):
     # its fork server is up when b's jobs start.
     env = dict(PYTHONPATH=str(copies["a"]), PIPELINE_FORKSERVER=forkserver, TMPDIR=str(private_tmpdir))
     for name, wf in copies.items():
-        proc = snakemake(wf, "--cores", "1", "results/prepare/samples.parquet", **env)
+        proc = snakemake(wf, "--cores", "1", "results/tiny/prepare/samples.parquet", **env)
         assert proc.returncode == 0, out(proc)[-3000:]
-        log = (wf / "results/logs/prepare/prepare.log").read_text()
+        log = (results_of(wf) / "logs/prepare/prepare.log").read_text()
         assert f"code of copy {name}" in log and "code of copy " + ("b" if name == "a" else "a") not in log
     if forkserver == "1":
         assert len(_servers_of(private_tmpdir)) == 2  # one per workflow copy
@@ -151,5 +151,5 @@ def test_nested_config_values_are_read_as_the_schemas_types(tmp_path):
                          check=False)
     assert proc.returncode == 0, out(proc)[-3000:]
     planned = out(proc)
-    assert "results/train/fc/n3_s0/shard2.safetensors" in planned and "/n2_s0/" not in planned
+    assert "results/tiny/train/fc/n3_s0/shard2.safetensors" in planned and "/n2_s0/" not in planned
     assert "rule fusion_train" not in planned and "rule fuse:" not in planned  # fusion={enabled: false} read as false, not the string "false"

@@ -25,6 +25,7 @@ def small_config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     method = "fc" if "fc" in cfg["methods"] else next(iter(cfg["methods"]))
     cfg["methods"] = {method: cfg["methods"][method]}
+    cfg["search"] = {"enabled": False}  # it names methods cut here (tests/e2e/test_search.py runs it)
     for study in ("fusion", "privacy", "last_grid"):
         if isinstance(cfg.get(study), dict):
             cfg[study]["enabled"] = False

@@ -29,11 +29,11 @@ import duckdb
 import pytest
 import yaml
 
-from tests.conftest import REPO, SNAKEMAKE
+from tests.conftest import REPO, SNAKEMAKE, results_of
 
 pytestmark = pytest.mark.e2e
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
-SLURM_RULES = {"train", "compose", "evaluate_shard", "evaluate_soup", "evaluate_ensemble"}
+SLURM_RULES = {"train", "compose", "evaluate_shards", "evaluate_soup"}
 FULL = os.environ.get("PIPELINE_SLURM_TEST_FULL") == "1"
 REQUIRED = os.environ.get("PIPELINE_REQUIRE_SLURM") == "1"
 if FULL:  # the whole study also sends the data, pretraining, study and report jobs to Slurm
@@ -83,7 +83,7 @@ def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None, time
 def accuracies(workdir: Path, step: str | None = "evaluate") -> list[tuple]:
     """Every accuracy row under results/metrics/<step>/ (None: every step), sorted, with the
     metrics file (relative to the working directory) and the row's variant as part of its key."""
-    metrics = workdir / "results" / "metrics" / (step or "")
+    metrics = results_of(workdir) / "metrics" / (step or "")
     rows = duckdb.sql(f"""SELECT filename, method, shards, model, shard_id, variant, split, value FROM
         read_parquet('{metrics}/**/*.parquet', union_by_name=true, filename=true)
         WHERE metric = 'accuracy'""").fetchall()
@@ -99,14 +99,14 @@ def safetensors_content(path: Path) -> tuple[dict, bytes]:
 
 
 def targets(cfg: dict) -> list[str]:
-    """Metrics files of one method at one shard count N > 1: its shard models, soup and ensemble;
+    """Metrics files of one method at one shard count N > 1: its shard models with their ensemble, and soup;
     with PIPELINE_SLURM_TEST_FULL=1 the whole study (`all`)."""
     if FULL:
         return ["all"]
     method = "fc" if "fc" in cfg["methods"] else next(iter(cfg["methods"]))
     n = next(n for n in cfg["shards"] if n > 1)
-    base = f"results/metrics/evaluate/{method}/n{n}_s{cfg['seeds'][0]}"
-    return [f"{base}/shard{i}.parquet" for i in range(n)] + [f"{base}/{c}.parquet" for c in ("soup", "ensemble")]
+    base = f"results/{cfg['experiment']}/metrics/evaluate/{method}/n{n}_s{cfg['seeds'][0]}"
+    return [f"{base}/{c}.parquet" for c in ("shards", "soup")]
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +146,11 @@ def test_every_output_arrives(runs):
     # job outputs only: the parse-time cache (prepare/.plan_cache) and the content-addressed DP
     # provenance store are written once and reused, by design, not rewritten by --forceall
     not_outputs = (".plan_cache", "provenance")
-    redone = [p for step in steps for p in (local / "results" / step).rglob("*")
-              if p.is_file() and not set(p.relative_to(local / "results").parts) & set(not_outputs)]
+    redone = [p for step in steps for p in (results_of(local) / step).rglob("*")
+              if p.is_file() and not set(p.relative_to(results_of(local)).parts) & set(not_outputs)]
     assert len(redone) >= 2 + 2 + 2 + 4  # N=2 models and records, soup and record, 4 metrics files
     if FULL:
-        assert (local / "results" / "report" / "index.md") in redone
+        assert (results_of(local) / "report" / "index.md") in redone
     for p in redone:
         twin = on_slurm / p.relative_to(local)
         assert twin.stat().st_mtime >= start, f"{twin} was not rewritten on Slurm"
@@ -162,7 +162,7 @@ def test_every_output_arrives(runs):
 
 def test_models_and_metrics_match_the_local_run(runs):
     local, on_slurm, _, _ = runs
-    models = sorted((local / "results" / ("" if FULL else "train")).rglob("*.safetensors"))
+    models = sorted((results_of(local) / ("" if FULL else "train")).rglob("*.safetensors"))
     assert models
     for model in models:
         assert safetensors_content(model) == safetensors_content(on_slurm / model.relative_to(local)), model

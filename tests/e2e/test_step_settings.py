@@ -11,7 +11,7 @@ import yaml
 
 from pipeline_src.plan.config import validate_config
 from pipeline_src.runner.step_args import NoConfig
-from tests.conftest import planned_outputs, snakemake
+from tests.conftest import planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 from tests.steps.helpers import step_args
 
@@ -24,8 +24,8 @@ def cfg(tiny_study) -> dict:
     return validate_config(yaml.safe_load((tiny_study / "config.yaml").read_text()), count_samples=False)
 
 
-def shard_models(study: Path) -> list[str]:
-    return [str(study / "results" / "train" / "taft-1" / "n2_s0" / f"shard{i}.safetensors") for i in range(2)]
+def shard_models(study: Path, method: str = "taft-1") -> list[str]:
+    return [str(results_of(study) / "train" / method / "n2_s0" / f"shard{i}.safetensors") for i in range(2)]
 
 
 def with_models(args, models: list[str]):
@@ -42,22 +42,55 @@ def test_compose_on_its_settings_alone_writes_the_studys_soup(tiny_study, cfg, t
                                  rule="compose"), shard_models(tiny_study))
     assert isinstance(args.config, NoConfig)  # any read of the config would raise
     compose.main(args)
-    soup = tiny_study / "results" / "compose" / "taft-1" / "n2_s0" / "soup.safetensors"
+    soup = results_of(tiny_study) / "compose" / "taft-1" / "n2_s0" / "soup.safetensors"
     assert out.read_bytes() == soup.read_bytes()
 
 
-def test_the_ensemble_on_its_settings_alone_scores_as_the_studys(tiny_study, cfg, tmp_path):
-    from pipeline_src.steps import evaluate
-
-    results = tiny_study / "results"
-    out = tmp_path / "ensemble.parquet"
+def evaluate_shards_args(tiny_study: Path, cfg: dict, out: Path, models: list[str], ensemble: bool,
+                         method: str = "taft-1"):
+    results = results_of(tiny_study)
     args = step_args(cfg, inputs={"samples": results / "prepare" / "samples.parquet",
                                   "backbone": results / "pretrain" / "model.safetensors"},
-                     outputs={"metrics": out}, params={"model": "ensemble"}, wildcards=RUN, rule="evaluate_ensemble")
-    evaluate.main(with_models(args, shard_models(tiny_study)))
-    query = "SELECT metric, value FROM read_parquet('{}') ORDER BY metric"
-    study = results / "metrics" / "evaluate" / "taft-1" / "n2_s0" / "ensemble.parquet"
+                     outputs={"metrics": out}, params={"model": "shards", "ensemble": ensemble},
+                     wildcards={**RUN, "method": method}, rule="evaluate_shards")
+    return with_models(args, models)
+
+
+def test_the_shard_evaluation_on_its_settings_alone_scores_as_the_studys(tiny_study, cfg, tmp_path):
+    from pipeline_src.steps import evaluate
+
+    out = tmp_path / "shards.parquet"
+    evaluate.main(evaluate_shards_args(tiny_study, cfg, out, shard_models(tiny_study), ensemble=True))
+    query = "SELECT model, shard_id, metric, value FROM read_parquet('{}') ORDER BY ALL"
+    study = tiny_study / "results" / "metrics" / "evaluate" / "taft-1" / "n2_s0" / "shards.parquet"
     assert duckdb.sql(query.format(out)).fetchall() == duckdb.sql(query.format(study)).fetchall()
+
+
+@pytest.mark.parametrize("method", ["fc", "nlft-1", "taft-1", "last"])
+def test_shard_models_evaluated_together_score_as_each_alone(tiny_study, cfg, tmp_path, method):
+    """The batched job (N shard models, one prefix pass per batch, one copy of the frozen backbone)
+    writes the rows N per-shard jobs wrote: each shard model evaluated alone, by the same step
+    given only its own file; the ensemble's rows as the ensemble-only evaluation gives them."""
+    from pipeline_src.steps import evaluate
+
+    models = shard_models(tiny_study, method)
+    together = tmp_path / "together.parquet"
+    evaluate.main(evaluate_shards_args(tiny_study, cfg, together, models, ensemble=True, method=method))
+    alone = []
+    for i, model in enumerate(models):
+        evaluate.main(evaluate_shards_args(tiny_study, cfg, tmp_path / f"alone{i}.parquet", [model], ensemble=False,
+                                           method=method))
+        alone.append(tmp_path / f"alone{i}.parquet")
+    ens = evaluate_shards_args(tiny_study, cfg, tmp_path / "ensemble.parquet", models, ensemble=False, method=method)
+    ens.params["model"] = "ensemble"  # the ensemble's rows alone
+    evaluate.main(ens)
+    cols = "model, variant, shards, shard_id, seed, split, metric, num_samples, experiment, dataset, method, kind"
+    query = f"SELECT {cols}, value FROM read_parquet({{}}) ORDER BY ALL"
+    got = duckdb.sql(query.format(f"'{together}'")).fetchall()
+    want = duckdb.sql(query.format([str(p) for p in [*alone, tmp_path / "ensemble.parquet"]])).fetchall()
+    assert [r[:-1] for r in got] == [r[:-1] for r in want]
+    assert {r[0] for r in got} == {"shard", "ensemble"} and {r[3] for r in got} == {0, 1, None}
+    assert [r[-1] for r in got] == pytest.approx([r[-1] for r in want], rel=1e-6, abs=1e-9)
 
 
 def study_metrics(path: Path) -> list[tuple]:
@@ -69,7 +102,7 @@ def study_metrics(path: Path) -> list[tuple]:
 def unlearning_args(study: Path, cfg: dict, rule: str, wildcards: dict, out: Path):
     """A study job's arguments as the forget.smk rule gives them (models for the drop and retrain
     rules, the full-data model for the paragons), its outputs under `out`."""
-    results, method = study / "results", wildcards["method"]
+    results, method = results_of(study), wildcards["method"]
     inputs = {"samples": results / "prepare" / "samples.parquet", "backbone": results / "pretrain" / "model.safetensors"}
     params = {}
     if rule == "unlearn_drop":
@@ -105,7 +138,7 @@ def test_an_unlearning_step_on_its_settings_alone_scores_as_the_studys(tiny_stud
     The settings are what the job reads: a wrong or missing one changes the rows or raises."""
     from pipeline_src.steps import step_of_rule
 
-    study_file = tiny_study / "results" / "metrics" / metrics
+    study_file = results_of(tiny_study) / "metrics" / metrics
     assert study_file.exists(), study_file
     args = unlearning_args(tiny_study, cfg, rule, wildcards, tmp_path)
     assert isinstance(args.config, NoConfig)
@@ -127,17 +160,19 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     cfg["train"]["num_workers"] = 2
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2"))
-    folders = {"/".join(p.split("/")[1:3 if p.startswith("results/metrics/") else 2])
+    folders = {"/".join(p.split("/")[2:4 if p.startswith("results/tiny/metrics/") else 3])
                for out in planned for p in out.split(", ")}
+    # and the search's: its candidates' soups are validated again, then selected again
     assert folders == {"compose", "metrics/evaluate", "unlearn_drop", "metrics/unlearn_drop", "unlearn_retrain",
-                       "metrics/unlearn_retrain", "report"}
-    drops = {out.split(", ")[0] for out in planned if out.startswith("results/metrics/unlearn_drop/")}
-    assert drops == {f"results/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
-    retrains = [out for out in planned if out.startswith("results/metrics/unlearn_retrain/")]
+                       "metrics/unlearn_retrain", "validate", "select", "report"}
+    drops = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/metrics/unlearn_drop/")}
+    assert drops == {f"results/tiny/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
+    retrains = [out for out in planned if out.startswith("results/tiny/metrics/unlearn_retrain/")]
     assert len(retrains) == 2 * 2  # both methods, both fractions
-    soups = {out.split(", ")[0] for out in planned if out.startswith("results/compose/")}
+    soups = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/compose/")}
     # each method's N = 2 soup, and the forget study's taft soup it subtracts from (N = 3)
-    assert soups == {f"results/compose/{m}/n2_s0/soup.safetensors" for m in cfg["methods"]} | {
-        "results/compose/taft-1/n3_s0/soup.safetensors"}
-    ensembles = [out for out in planned if out.endswith("/ensemble.parquet")]
-    assert len(ensembles) == len(cfg["methods"])
+    methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
+    assert soups == {f"results/tiny/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
+        "results/tiny/compose/taft-1/n3_s0/soup.safetensors"}
+    ensembles = [out for out in planned if out.startswith("results/tiny/metrics/evaluate/") and "/n2_s0/shards" in out]
+    assert len(ensembles) == len(methods)  # the shard evaluations that hold an ensemble (N = 2), not N = 1

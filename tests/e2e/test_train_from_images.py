@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import snakemake
+from tests.conftest import results_of, snakemake
 
 pytestmark = pytest.mark.e2e
-METRICS = [f"results/metrics/evaluate/{m}/n2_s0/{p}.parquet" for m in ("nlft-1",)
-           for p in ("shard0", "shard1", "soup")]
+METRICS = [f"results/augment/metrics/evaluate/{m}/n2_s0/{p}.parquet" for m in ("nlft-1",)
+           for p in ("shards", "soup")]
 
 
 def make_manifest(root: Path) -> Path:
@@ -45,8 +45,8 @@ def test_augmented_training_from_images(tmp_path):
            "compositions": ["soup"]}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     snakemake(tmp_path, "--cores", "2", *METRICS)
-    log = (tmp_path / "results/logs/train/nlft-1/n2_s0/shard1.log").read_text()
+    log = (results_of(tmp_path) / "logs/train/nlft-1/n2_s0/shard1.log").read_text()
     assert re.search(r"nlft-1 n2 shard 1: epoch 2/2 loss [\d.]+: \d+ images in [\d.]+ s, [\d.]+ images/s", log), log
     for path in METRICS:
         assert pq.read_table(tmp_path / path).num_rows > 0
-    assert not (tmp_path / "results/features").exists()  # no cache was built
+    assert not (results_of(tmp_path) / "features").exists()  # no cache was built

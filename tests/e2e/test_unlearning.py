@@ -23,7 +23,7 @@ from pipeline_src.plan.forget import forgotten_by_shard
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.store.audit import audit_model
 from pipeline_src.store.model_io import load_model
-from tests.conftest import REPO, planned_outputs, snakemake
+from tests.conftest import REPO, planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +35,7 @@ TARGETS = ["evaluate_all", "unlearning"]  # not `all`: the report of the other s
 def _config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["methods"] = {k: v for k, v in cfg["methods"].items() if k in ("taft-1", "nlft-1")}
+    cfg["search"] = {"enabled": False}  # it names fc (tests/e2e/test_search.py runs it)
     cfg["fusion"] = {"enabled": False}  # the fusion and grid studies name methods dropped here
     cfg["last_grid"] = {"enabled": False}
     cfg["forget"] = {"study": {"enabled": True, "methods": ["taft-1", "nlft-1"], "shards": [3],
@@ -51,7 +52,7 @@ def study(tmp_path_factory, tiny_study) -> Path:
 
 
 def _metrics(study: Path, step: str):
-    return duckdb.sql(f"SELECT * FROM read_parquet('{study}/results/metrics/{step}/**/*.parquet', union_by_name=true)").df()
+    return duckdb.sql(f"SELECT * FROM read_parquet('{results_of(study)}/metrics/{step}/**/*.parquet', union_by_name=true)").df()
 
 
 def test_study_writes_every_strategy(study):
@@ -63,16 +64,16 @@ def test_study_writes_every_strategy(study):
     # TAFT App. C.3's paragon: the non-linear model (nlft-1) retrained, for the tangent method only
     nonlinear = acc(_metrics(study, "unlearn_paragon_nonlinear"))
     assert set(nonlinear.model) == {"paragon-nonlinear"} and set(nonlinear.method) == {"taft-1"} and len(nonlinear) == 2
-    for path in sorted((study / "results/unlearn_paragon_nonlinear/taft-1/s0").glob("*.safetensors")):
+    for path in sorted((results_of(study) / "unlearn_paragon_nonlinear/taft-1/s0").glob("*.safetensors")):
         _, rec = load_model(path)
-        _, same = load_model(study / "results/unlearn_paragon/taft-1/s0" / path.name)
+        _, same = load_model(results_of(study) / "unlearn_paragon/taft-1/s0" / path.name)
         assert rec["method"] == "nlft-1" and rec["method_config"] == {"kind": "nlft", "k": 1}
         assert rec["paragon_of"] == "taft-1" and rec["forgotten_ids"] == same["forgotten_ids"]
         assert rec["sample_ids"] == same["sample_ids"] and audit_model(path, rec["forgotten_ids"]).clean
     assert all(0 <= v <= 1 for v in acc(drop).value.tolist() + acc(retrain).value.tolist())
     # nothing removed: the subtract row is the accuracy of the DAG's Δw composition
-    model, _, backbone_record = load_tuned_model(study / "results/pretrain", study / "results/compose/taft-1/n3_s0/soup.safetensors")
-    test = SampleStore(study / "results/prepare/samples.parquet").split("target", "test")
+    model, _, backbone_record = load_tuned_model(results_of(study) / "pretrain", results_of(study) / "compose/taft-1/n3_s0/soup.safetensors")
+    test = SampleStore(results_of(study) / "prepare/samples.parquet").split("target", "test")
     with torch.no_grad():
         logits = model.eval()(to_model_input(test.images, backbone_record["mean"], backbone_record["std"]))
     r0 = drop[(drop.metric == "accuracy") & (drop.model == "subtract") & drop.variant.str.contains('"removed_shards": 0')]
@@ -82,44 +83,44 @@ def test_study_writes_every_strategy(study):
 
 
 def test_audit_after_retrain_shard_finds_no_forgotten_id(study):
-    for composed in sorted((study / "results" / "unlearn_retrain").glob("*/n3_s0/*/composed.safetensors")):
+    for composed in sorted((results_of(study) / "unlearn_retrain").glob("*/n3_s0/*/composed.safetensors")):
         _, record = load_model(composed)
         forgotten = record["forgotten_ids"]
         result = audit_model(composed, forgotten)
         assert result.clean, (composed, result.hits, result.stale)
         assert len(result.checked) == 1 + 3  # the composition and its 3 shard models
         # the DAG's shard models before forgetting did see them, exactly the retrained shards
-        before = sorted((study / "results" / "train" / record["method"] / "n3_s0").glob("shard*.safetensors"))
+        before = sorted((results_of(study) / "train" / record["method"] / "n3_s0").glob("shard*.safetensors"))
         hits = [hit for p in before for hit in audit_model(p, forgotten).hits]
         retrained = {c["shard_id"] for c in record["components"] if c["retrained"]}
         assert {int(re.search(r"shard(\d+)", p).group(1)) for p, _ in hits} == retrained
         assert sorted(i for _, ids in hits for i in ids) == forgotten
     # the DAG's own composition before forgetting names the shards that saw the ids
-    forgotten = load_model(study / "results/unlearn_retrain/taft-1/n3_s0/f0.3_r0/composed.safetensors")[1]["forgotten_ids"]
-    taft_soup = study / "results/compose/taft-1/n3_s0/soup.safetensors"
+    forgotten = load_model(results_of(study) / "unlearn_retrain/taft-1/n3_s0/f0.3_r0/composed.safetensors")[1]["forgotten_ids"]
+    taft_soup = results_of(study) / "compose/taft-1/n3_s0/soup.safetensors"
     hit_paths = [p for p, _ in audit_model(taft_soup, forgotten).hits]
-    assert hit_paths and all("results/train/taft-1/n3_s0/shard" in p for p in hit_paths)
+    assert hit_paths and all("results/tiny/train/taft-1/n3_s0/shard" in p for p in hit_paths)
 
 
 def test_audit_cli_exit_codes_on_trained_subtracted_and_paragon_models(study, tmp_path):
     cli = [sys.executable, "-m", "pipeline_src.store.audit"]
     run = lambda *a: subprocess.run([*cli, *map(str, a)], capture_output=True, text=True, cwd=study,  # noqa: E731
                                     env={**os.environ, "PYTHONPATH": str(REPO)})
-    _, shard1 = load_model(study / "results/train/taft-1/n3_s0/shard1.safetensors")
+    _, shard1 = load_model(results_of(study) / "train/taft-1/n3_s0/shard1.safetensors")
     (tmp_path / "ids.txt").write_text("\n".join(shard1["sample_ids"][:2]) + "\n")
-    trained = run("results/train/taft-1/n3_s0/shard1.safetensors", tmp_path / "ids.txt")
+    trained = run("results/tiny/train/taft-1/n3_s0/shard1.safetensors", tmp_path / "ids.txt")
     assert trained.returncode == 1 and "shard1.safetensors" in trained.stdout
-    assert run("results/train/taft-1/n3_s0/shard0.safetensors", tmp_path / "ids.txt").returncode == 0
-    subtracted = next((study / "results/unlearn_drop/taft-1/n3_s0").glob("r1_*.safetensors"))
+    assert run("results/tiny/train/taft-1/n3_s0/shard0.safetensors", tmp_path / "ids.txt").returncode == 0
+    subtracted = next((results_of(study) / "unlearn_drop/taft-1/n3_s0").glob("r1_*.safetensors"))
     _, rec = load_model(subtracted)
     (removed,) = [c["shard_id"] for c in rec["removed_components"]]
-    _, removed_rec = load_model(study / f"results/train/taft-1/n3_s0/shard{removed}.safetensors")
+    _, removed_rec = load_model(results_of(study) / f"train/taft-1/n3_s0/shard{removed}.safetensors")
     assert run(subtracted, *removed_rec["sample_ids"][:3]).returncode == 0
     kept = rec["components"][0]["path"]
     _, kept_rec = load_model(study / kept)
     out = run(subtracted, kept_rec["sample_ids"][0])
     assert out.returncode == 1 and Path(kept).name in out.stdout
-    paragon = next((study / "results/unlearn_paragon/taft-1/s0").glob("*.safetensors"))
+    paragon = next((results_of(study) / "unlearn_paragon/taft-1/s0").glob("*.safetensors"))
     assert run(paragon, *load_model(paragon)[1]["forgotten_ids"]).returncode == 0
 
 
@@ -127,7 +128,7 @@ def test_reports_draw_both_figures(study, tmp_path):
     from pipeline_src.reports.unlearning import REPORTS
 
     con = duckdb.connect()
-    con.sql(f"CREATE VIEW metrics AS SELECT * FROM read_parquet('{study}/results/metrics/**/*.parquet', union_by_name=true)")
+    con.sql(f"CREATE VIEW metrics AS SELECT * FROM read_parquet('{results_of(study)}/metrics/**/*.parquet', union_by_name=true)")
     paths = [p for fn in REPORTS.values() for p in fn(con, tmp_path)]
     names = {p.name for p in paths}
     assert {"unlearning_drop.png", "unlearning_retrain.png", "unlearning_retrain.csv"} <= names
@@ -152,15 +153,15 @@ def _request(study: Path, ids: list[str], name: str) -> Path:
 
 def _manifest(study: Path, n: int) -> pa.Table:
     """The whole N-way split: the shards' manifests (rule forget_manifest) together."""
-    return pa.concat_tables([pq.read_table(study / f"results/split/n{n}_s0/shard{i}.parquet") for i in range(n)])
+    return pa.concat_tables([pq.read_table(results_of(study) / f"split/n{n}_s0/shard{i}.parquet") for i in range(n)])
 
 
 def _mtimes(study: Path) -> dict[str, float]:
-    return {str(p): p.stat().st_mtime for p in (study / "results").rglob("*") if p.is_file()}
+    return {str(p): p.stat().st_mtime for p in results_of(study).rglob("*") if p.is_file()}
 
 
 def test_bad_requests_fail_before_any_change(study):
-    samples = pq.read_table(study / "results/prepare/samples.parquet").to_pydict()
+    samples = pq.read_table(results_of(study) / "prepare/samples.parquet").to_pydict()
     test_id = next(i for i, t, s in zip(samples["sample_id"], samples["task"], samples["split"])
                    if t == "target" and s == "test")
     train_id = shard_ids(_manifest(study, 2), 0)[0]
@@ -179,12 +180,12 @@ def test_dry_run_after_a_forget_request_plans_only_affected_shards(study):
     hit3 = set(forgotten_by_shard(n3, ids))
     config = _request(study, ids, "forget")
     outputs = " ".join(planned_outputs(snakemake(study, *TARGETS, "-n", "--cores", "2", "--configfile", str(config))))
-    manifests = set(re.findall(r"results/split/(n\d+_s0/shard\d+)\.parquet", outputs))
+    manifests = set(re.findall(r"results/tiny/split/(n\d+_s0/shard\d+)\.parquet", outputs))
     assert manifests == {"n1_s0/shard0", "n2_s0/shard1"} | {f"n3_s0/shard{s}" for s in hit3}
     for m in ("taft-1", "nlft-1"):
-        assert f"results/train/{m}/n2_s0/shard1.safetensors" in outputs
-        assert f"results/compose/{m}/n2_s0/soup.safetensors" in outputs
-        assert f"results/metrics/evaluate/{m}/n2_s0/shard1.parquet" in outputs
+        assert f"results/tiny/train/{m}/n2_s0/shard1.safetensors" in outputs
+        assert f"results/tiny/compose/{m}/n2_s0/soup.safetensors" in outputs
+        assert f"results/tiny/metrics/evaluate/{m}/n2_s0/shards.parquet" in outputs  # the method's N shards: one job
     for s in set(range(3)) - hit3:
         assert f"n3_s0/shard{s}.safetensors" not in outputs and f"n3_s0/shard{s}.parquet" not in outputs
-    assert not re.search(r"n2_s0/shard0|results/prepare/|results/pretrain/|results/features/|manifest\.parquet", outputs)
+    assert not re.search(r"n2_s0/shard0|results/tiny/prepare/|results/tiny/pretrain/|results/tiny/features/|manifest\.parquet", outputs)

@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, planned_outputs, snakemake
+from pipeline_src.plan.config import validate_config
+from tests.conftest import REPO, planned_outputs, results_of, snakemake
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +28,7 @@ def study(tiny_study) -> Path:
 def test_each_gpu_job_ran_on_a_device_slot_of_its_own(study):
     # Snakemake sets no CUDA_VISIBLE_DEVICES for local jobs; the launcher gives each GPU job one
     # of the (fake) 2 devices. Concurrency of the slots themselves: tests/runner/test_gpu_slots.py.
-    logs = sorted((study / "results" / "logs" / "train").rglob("*.log"))
+    logs = sorted((results_of(study) / "logs" / "train").rglob("*.log"))
     assert logs
     for log in logs:
         assert re.search(r"^\[launch\] CUDA_VISIBLE_DEVICES=[01]$", log.read_text(), re.M), log
@@ -37,16 +38,18 @@ def test_each_gpu_job_ran_on_a_device_slot_of_its_own(study):
 def test_study_runs_to_a_report_with_every_model(study):
     cfg = yaml.safe_load((study / "config.yaml").read_text())
     for name in ("accuracy.md", "accuracy.csv", "accuracy.png"):
-        assert (study / "results" / "report" / name).stat().st_size > 0
+        assert (results_of(study) / "report" / name).stat().st_size > 0
     con = duckdb.connect()
     rows = con.sql(f"""SELECT method, shards, model, shard_id, value FROM
-        read_parquet('{study}/results/metrics/evaluate/**/*.parquet', union_by_name=true)
+        read_parquet('{results_of(study)}/metrics/evaluate/**/*.parquet', union_by_name=true)
         WHERE metric = 'accuracy'""").fetchall()
-    # per method: the full-data model, 2 shard models, their soup and their ensemble
-    assert len(rows) == len(cfg["methods"]) * (1 + 2 + 2)
+    # per method (the search's grid points included): the full-data model, 2 shard models, their
+    # soup and their ensemble
+    methods = validate_config(cfg, count_samples=False)["methods"]
+    assert len(methods) > len(cfg["methods"]) and len(rows) == len(methods) * (1 + 2 + 2)
     assert all(0.0 <= r[-1] <= 1.0 for r in rows)
     # every model records its sample ids, and shard models partition the training split
-    records = con.sql(f"SELECT shard_id, sample_ids FROM read_json_auto('{study}/results/train/fc/n2_s0/*.json')").fetchall()
+    records = con.sql(f"SELECT shard_id, sample_ids FROM read_json_auto('{results_of(study)}/train/fc/n2_s0/*.json')").fetchall()
     ids = [i for _, s in records for i in s]
     assert len(ids) == len(set(ids)) > 0
 
@@ -54,7 +57,7 @@ def test_study_runs_to_a_report_with_every_model(study):
 def test_report_has_the_claims_table_beside_the_study_reports(study):
     """One row per claim the tiny study can test or not; figures and verdicts agree with the
     Table 1, Table 2, unlearning and fusion reports of the same run (reports/claims.py)."""
-    out = study / "results" / "report"
+    out = results_of(study) / "report"
     assert "- claims: [claims.md](claims.md)" in (out / "index.md").read_text()
     assert (out / "claims.md").read_text().startswith("# Claims") and "experiment `tiny`" in (out / "claims.md").read_text()
     claims = {r["claim"]: r for r in duckdb.read_csv(str(out / "claims.csv")).df().fillna("").to_dict("records")}
@@ -83,31 +86,36 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     # What the tiny study does not run: privacy, a full method; and every forget request of
     # the study touched more than one of its 3 shards (checked in the metrics).
     assert verdict["DP TAFT ≥ DP NLFT"] == verdict["LAST ≥ FC at ≤ 25 % of full fine-tuning's memory"] == "n/a"
-    fewest = duckdb.sql(f"""SELECT min(value) FROM read_parquet('{study}/results/metrics/unlearn_retrain/**/*.parquet')
+    fewest = duckdb.sql(f"""SELECT min(value) FROM read_parquet('{results_of(study)}/metrics/unlearn_retrain/**/*.parquet')
                             WHERE metric = 'affected_shards'""").fetchall()[0][0]
     assert fewest > 1 and verdict[f"{cost}: taft-1, N = 3"] == verdict[f"{cost}: nlft-1, N = 3"] == "n/a"
     # the training memory the LAST row compares: each train record's peak (CPU: the job's max RSS,
     # which torch alone puts above 100 MB)
-    peaks = duckdb.sql(f"SELECT peak_mem_mb FROM read_json_auto('{study}/results/train/*/n1_s0/shard0.json')").fetchall()
-    assert len(peaks) == 5 and all(p > 100 for (p,) in peaks)
+    peaks = duckdb.sql(f"SELECT peak_mem_mb FROM read_json_auto('{results_of(study)}/train/*/n1_s0/shard0.json')").fetchall()
+    trained = validate_config(yaml.safe_load((study / "config.yaml").read_text()), count_samples=False)["methods"]
+    assert len(peaks) == len(trained) and all(p > 100 for (p,) in peaks)  # the search's grid points too
 
 
 def test_report_has_the_per_rule_efficiency_table(study):
     """Issue 25: the report's efficiency table, from the jobs' benchmark files and own counters."""
-    report = study / "results" / "report"
+    report = results_of(study) / "report"
     assert "(efficiency.md)" in (report / "index.md").read_text()
     df = duckdb.read_csv(str(report / "efficiency.csv")).df().set_index("rule")
-    jobs = list((study / "results" / "logs").rglob("*.bench.tsv"))
-    assert df.jobs.sum() == len(jobs) and {"prepare", "pretrain", "train", "evaluate_ensemble"} <= set(df.index)
-    for rule in ("pretrain", "features", "train", "train_vectorized_taft-1-vec_n2", "evaluate_shard",
-                 "evaluate_ensemble", "last_grid"):
+    jobs = list((results_of(study) / "logs").rglob("*.bench.tsv"))
+    assert df.jobs.sum() == len(jobs) and {"prepare", "pretrain", "train", "evaluate_shards"} <= set(df.index)
+    for rule in ("pretrain", "features", "train", "train_vectorized_taft-1-vec_n2_s0", "evaluate_shards",
+                 "evaluate_soup", "last_grid"):
         r = df.loc[rule]
         assert r.images > 0 and r.images_per_s > 0 and r.gflop_per_image > 0 and r.gflop_per_s > 0, rule
         assert 0 < r.peak_pct and r.peak_gflop_per_s > 0, rule
-    # an ensemble job counts each test image once (one prefix pass for its shard models)
-    test_images = duckdb.sql(f"""SELECT any_value(num_samples) FROM read_parquet('{study}/results/metrics/evaluate/**/*.parquet')
+        assert 0 < r.outside_step_s < r.wall_s, rule  # the fixed cost of its jobs: start, imports, load
+    # one evaluation job per method, N and seed counts each test image once (one prefix pass for its shard models)
+    test_images = duckdb.sql(f"""SELECT any_value(num_samples) FROM read_parquet('{results_of(study)}/metrics/evaluate/**/*.parquet')
                                  WHERE model = 'ensemble'""").fetchall()[0][0]
-    assert df.loc["evaluate_ensemble"].images == test_images * df.loc["evaluate_ensemble"].jobs
+    cfg = yaml.safe_load((study / "config.yaml").read_text())
+    methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
+    assert df.loc["evaluate_shards"].jobs == len(methods) * len(cfg["shards"]) * len(cfg["seeds"])
+    assert df.loc["evaluate_shards"].images == test_images * df.loc["evaluate_shards"].jobs
     assert abs(df.wall_share_pct.sum() - 100) < 1e-6
     # every job's exact peak, from the fork server's wait4: a child holds the server's torch pages
     assert not [j for j in jobs if not j.with_name(j.name.removesuffix(".bench.tsv") + ".rss.json").exists()]
@@ -119,10 +127,10 @@ def test_weight_distance_rows_and_fig4_report(study):
     than its shards on average (triangle inequality, uniform weights), and the report tabulates it."""
     con = duckdb.connect()
     dist = dict(con.sql(f"""SELECT model, avg(value) FROM
-        read_parquet('{study}/results/metrics/evaluate/taft-1/n2_s0/*.parquet', union_by_name=true)
+        read_parquet('{results_of(study)}/metrics/evaluate/taft-1/n2_s0/*.parquet', union_by_name=true)
         WHERE metric = 'weight_distance' GROUP BY model""").fetchall())
     assert set(dist) == {"shard", "soup"} and 0 < dist["soup"] <= dist["shard"] + 1e-9
-    table = duckdb.read_csv(str(study / "results" / "report" / "fig4_weight_distance.csv")).df()
+    table = duckdb.read_csv(str(results_of(study) / "report" / "fig4_weight_distance.csv")).df()
     assert set(table.model) >= {"full-data", "shard-mean", "soup"} and (table.weight_distance > 0).all()
 
 
@@ -130,7 +138,7 @@ def test_taft_composition_equals_the_ensemble_of_its_shards(study):
     # The tangent model is linear in Δw, so the composed model IS the ensemble: equal metrics.
     con = duckdb.connect()
     acc = dict(con.sql(f"""SELECT model || '/' || metric, value FROM
-        read_parquet('{study}/results/metrics/evaluate/taft-1/n2_s0/*.parquet')""").fetchall())
+        read_parquet('{results_of(study)}/metrics/evaluate/taft-1/n2_s0/*.parquet')""").fetchall())
     assert acc["soup/accuracy"] == acc["ensemble/accuracy"]
     assert abs(acc["soup/loss"] - acc["ensemble/loss"]) < 1e-5
 
@@ -139,8 +147,8 @@ def test_vectorized_shard_training_gives_the_per_shard_models(study):
     from safetensors.torch import load_file
 
     for i in range(2):
-        separate = load_file(study / f"results/train/taft-1/n2_s0/shard{i}.safetensors")
-        vectorized = load_file(study / f"results/train/taft-1-vec/n2_s0/shard{i}.safetensors")
+        separate = load_file(results_of(study) / f"train/taft-1/n2_s0/shard{i}.safetensors")
+        vectorized = load_file(results_of(study) / f"train/taft-1-vec/n2_s0/shard{i}.safetensors")
         assert separate.keys() == vectorized.keys()
         for k in separate:
             a, b = separate[k], vectorized[k]
@@ -163,8 +171,8 @@ def test_changing_the_shard_count_reruns_only_its_dependants(study, tmp_path):
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(cfg))
     proc = snakemake(study, "-n", "--cores", "2", "--configfile", str(tmp_path / "changed.yaml"))
     outputs = " ".join(planned_outputs(proc))
-    assert "n3_s0" in outputs and re.search(r"(^| )results/report( |$)", outputs)
-    assert not re.search(r"n1_s0|n2_s0|results/prepare/|results/pretrain/", outputs), outputs
+    assert "n3_s0" in outputs and re.search(r"(^| )results/tiny/report( |$)", outputs)
+    assert not re.search(r"n1_s0|n2_s0|results/tiny/prepare/|results/tiny/pretrain/", outputs), outputs
 
 
 def test_invalid_config_fails_before_any_job(tmp_path):
@@ -174,11 +182,11 @@ def test_invalid_config_fails_before_any_job(tmp_path):
     proc = snakemake(tmp_path, "--cores", "1", check=False)
     assert proc.returncode != 0
     assert "methods.nlft-1.k" in proc.stdout + proc.stderr
-    assert not (tmp_path / "results").exists()
+    assert not results_of(tmp_path).exists()
 
 
 def test_query_command_answers_sql_over_all_views(study):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline_src.store.query", "--results", str(study / "results"), *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline_src.store.query", "--results", str(results_of(study)), *a],  # noqa: E731
                                     capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     views = run("--views")
     assert views.returncode == 0

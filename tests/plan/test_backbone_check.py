@@ -99,3 +99,34 @@ def test_the_default_study_validates_without_importing_torch_or_timm():
             "print(sorted(m for m in ('torch', 'timm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"mlp_ratio": 2.0}, r"tensor 'blocks\.0\.mlp\.fc1\.weight' has shape \[64, 32\], backbone\.arch needs \[128, 32\] \(mlp_ratio"),
+    ({"patch_size": 8}, r"tensor 'patch_embed\.proj\.weight' has shape \[32, 1, 8, 8\], backbone\.arch needs \[32, 1, 4, 4\] "
+                        r"\(patch_size"),
+    ({"in_chans": 3}, r"tensor 'patch_embed\.proj\.weight' has shape \[32, 3, 4, 4\].*dataset\.in_chans"),
+    ({"qkv_bias": False}, r"has no 'blocks\.0\.attn\.qkv\.bias', backbone\.arch\.qkv_bias is True"),
+    ({"class_token": False, "global_pool": "avg"}, r"has no 'cls_token', backbone\.arch\.class_token is True"),
+    ({"init_values": 1e-5}, r"has a LayerScale 'blocks\.0\.ls1\.gamma', backbone\.arch\.init_values is None"),
+])
+def test_a_checkpoint_of_another_architecture_is_refused_at_validation(tmp_path, overrides, message):
+    """Same depth and width as backbone.arch, another shape (issue 33, item 4): refused from the header alone."""
+    path = tmp_path / "other.safetensors"
+    save_file(tiny_vit(**overrides).float().state_dict(), str(path))
+    with pytest.raises(ConfigError, match=r"config key 'backbone\.checkpoint': .*other\.safetensors: " + message):
+        validate(source="checkpoint", checkpoint=str(path))
+
+
+def test_a_recorded_head_count_is_checked(tmp_path, good_safetensors):
+    """tiny_vit has 4 heads, as ARCH: shapes cannot tell 2 heads from 4, a record can."""
+    validate(source="checkpoint", checkpoint=str(good_safetensors))
+    with_meta = tmp_path / "meta.safetensors"
+    save_file(tiny_vit().float().state_dict(), str(with_meta), metadata={"num_heads": "2"})
+    with pytest.raises(ConfigError, match=r"its metadata records num_heads 2, backbone\.arch\.num_heads is 4"):
+        validate(source="checkpoint", checkpoint=str(with_meta))
+    (tmp_path / "vit.json").write_text('{"vit_kwargs": {"num_heads": 2}}')  # the record beside the good file
+    with pytest.raises(ConfigError, match=r"vit\.json records num_heads 2"):
+        validate(source="checkpoint", checkpoint=str(good_safetensors))
+    (tmp_path / "vit.json").write_text('{"vit_kwargs": {"num_heads": 4}}')
+    validate(source="checkpoint", checkpoint=str(good_safetensors))

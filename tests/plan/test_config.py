@@ -34,3 +34,14 @@ def test_bad_config_names_the_key(mutate, key):
     mutate(cfg)
     with pytest.raises(ConfigError, match=f"config key '{key}'"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("device, cache, resolved", [
+    ("auto", "auto", True), ("cpu", "auto", True), ("cuda", "auto", False),  # auto: recompute on a GPU only
+    ("cuda", True, True), ("cpu", False, False), ("cuda", "false", False),   # explicit values (and --config strings) win
+])
+def test_feature_cache_auto_recomputes_the_prefix_on_a_gpu_only(device, cache, resolved):
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["device"] = device
+    cfg.setdefault("features", {})["cache"] = cache
+    assert validate_config(cfg, count_samples=False)["features"]["cache"] is resolved

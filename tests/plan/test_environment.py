@@ -201,7 +201,7 @@ def test_snakemake_logs_the_drift_warning_once_at_start_up(tmp_path):
     work.mkdir()
     (work / "config.yaml").write_text((REPO / ".test" / "config.yaml").read_text())
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(tree / "Snakefile"),
-                           "--directory", str(work), "--cores", "1", "results/prepare/samples.parquet"],
+                           "--directory", str(work), "--cores", "1", "results/tiny/prepare/samples.parquet"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = f"numpy {numpy.__version__} (lock: 1.0.0)"

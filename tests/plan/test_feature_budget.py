@@ -91,6 +91,6 @@ def test_validation_refuses_the_default_study_under_a_tiny_budget():
 
 
 def test_the_image_store_size_is_stated_too():
-    cfg = {**base_b16_cfg({}), "dataset": {"img_size": 224, "in_chans": 3}}
+    cfg = {**base_b16_cfg({}), "experiment": "big", "dataset": {"img_size": 224, "in_chans": 3}}
     line = image_store_line(cfg, 30_000)  # 30,000 x 3 x 224 x 224 bytes
-    assert "'results/prepare/images.npy': 4.52 GB (30000 images x 3 x 224 x 224 x uint8)" in line
+    assert "'results/big/prepare/images.npy': 4.52 GB (30000 images x 3 x 224 x 224 x uint8)" in line

@@ -47,6 +47,16 @@ def test_request_files_text_and_csv(tmp_path):
         read_request(tmp_path / "missing.txt")
 
 
+@pytest.mark.parametrize("name, text", [("r.txt", "d/5/1\nd/5/0\n"), ("r.csv", "sample_id\nd/5/1\nd/5/0\n"),
+                                        ("one.csv", "d/5/1\nd/5/0\n")])
+def test_request_files_saved_with_a_byte_order_mark(tmp_path, name, text):
+    """An editor's UTF-8 BOM is invisible: the first id (or the CSV header) must not carry it."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    ids = read_request(tmp_path / name)
+    assert ids == ["d/5/1", "d/5/0"]
+    assert validate_request(ids, _samples()) == ["d/5/0", "d/5/1"]
+
+
 @pytest.mark.parametrize("ids, message", [
     (["d/5/0", "d/5/0"], "duplicate sample id 'd/5/0'"),
     (["d/5/0", "nope/1"], "unknown sample id 'nope/1'"),
@@ -175,6 +185,7 @@ def test_subtracting_a_shard_twice_is_refused(tangent_shards):
     ({"methods": ["nope"]}, "forget.study.methods.*'nope'"),
     ({"methods": ["taft-1"], "shards": [3], "removed_shards": [3]}, "forget.study.removed_shards.*3 of 3"),
     ({"methods": ["taft-1"], "forget_fractions": [1.5]}, "forget.study.forget_fractions.*1.5"),
+    ({"methods": ["taft-1"], "forget_fractions": [-0.1]}, "forget.study.forget_fractions.*-0.1 is not in"),
 ])
 def test_bad_study_settings_name_their_key(study, key):
     from pipeline_src.plan.config import ConfigError
@@ -198,3 +209,21 @@ def test_nonlinear_paragon_is_the_nlft_counterpart_of_a_tangent_method():
     del cfg["methods"]["nlft-1b"]
     assert nonlinear_paragon(cfg, "taft-1") == ("taft-1-nonlinear", {"kind": "nlft", "k": 1})
     assert nonlinear_paragon(cfg, "nlft-2") is None and nonlinear_paragon(cfg, "last") is None
+
+
+def test_single_sample_requests_touch_one_shard_at_every_n():
+    """forget_fractions 0: one person asks to be removed; retrain-shard then retrains one shard at
+    N = 10 and 50 (the unlearning-cost claim's requests), where 0.2 % of the data touches several."""
+    from pipeline_src.plan.config import validate_config
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["forget"] = {"study": {"enabled": True, "methods": ["taft-1"], "shards": [10, 50], "forget_fractions": [0, 0.1]}}
+    assert validate_config(cfg, count_samples=False)["forget"]["study"]["forget_fractions"] == [0, 0.1]
+    ids = [f"d/{i % 10}/{i:04d}" for i in range(4000)]
+    for n in (10, 50):
+        manifest = shard_manifest(ids, n, seed=0)
+        for request in range(5):
+            one = random_request(ids, 0, seed=0, request=request)
+            assert len(one) == 1 and len(forgotten_by_shard(manifest, one)) == 1
+        assert len(forgotten_by_shard(manifest, random_request(ids, 0.1, seed=0, request=0))) == n
+    assert len({tuple(random_request(ids, 0, seed=0, request=r)) for r in range(5)}) == 5  # different people

@@ -96,7 +96,7 @@ def test_verdicts_are_cached_per_file_and_rechecked_when_it_changes(image_folder
     cfg = folder_cfg(image_folder, skip_corrupt=True)
     first = list_samples(cfg)
     entry = json.loads((tmp_path / "cache" / image_check.CACHE_FILE).read_text())
-    assert len(entry["files"]) == 20 and entry["files"][str(text)][2].startswith("UnidentifiedImageError")
+    assert len(entry["files"]) == 20 and entry["files"][str(text)][3].startswith("UnidentifiedImageError")
     checked = []
     real = image_check.check_image
     monkeypatch.setattr(image_check, "check_image", lambda p: checked.append(p) or real(p))
@@ -105,6 +105,32 @@ def test_verdicts_are_cached_per_file_and_rechecked_when_it_changes(image_folder
     again = list_samples(cfg)
     assert checked == [str(truncated)] and "shapes/circle/truncated.png" in again.sample_ids
     assert [p for p, _ in again.corrupt] == [str(text)]
+
+
+def test_a_file_changed_under_its_old_size_and_mtime_is_checked_again(image_folder, tmp_path):
+    """The verdict's key holds the ctime (issue 33, item 7): contents replaced with size and mtime kept
+    (`cp -p`, `rsync -t`), or permissions changed, move only the ctime."""
+    image_check.use_cache_dir(tmp_path / "cache")
+    cfg = folder_cfg(image_folder, skip_corrupt=True)
+    good = image_folder / "circle" / "img1.png"
+    assert good.stat().st_size > 16 and list_samples(cfg).corrupt == []
+    st = good.stat()
+    good.write_bytes(b"\0" * st.st_size)  # same size, not an image
+    os.utime(good, ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime
+    assert [p for p, _ in list_samples(cfg).corrupt] == [str(good)]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
+def test_a_file_made_unreadable_after_its_verdict_is_refused(image_folder, tmp_path):
+    image_check.use_cache_dir(tmp_path / "cache")
+    cfg = folder_cfg(image_folder, skip_corrupt=True)
+    assert list_samples(cfg).corrupt == []
+    target = image_folder / "circle" / "img1.png"
+    target.chmod(0)
+    try:
+        assert [p for p, r in list_samples(cfg).corrupt] == [str(target)]
+    finally:
+        target.chmod(0o644)
 
 
 def test_validation_reports_the_skipped_count(image_folder, capsys):

@@ -24,6 +24,7 @@ def tiny_config(**privacy) -> dict:
     """The .test study with the privacy section on, validated (defaults filled in)."""
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["privacy"] = {"enabled": True, "methods": ["nlft-1", "taft-1", "last"], "public_train_size": 500, **privacy}
+    cfg.pop("search", None)  # the DP search's PT points: tests/plan/test_search.py
     return validate_config(cfg, count_samples=False)
 
 

@@ -53,8 +53,8 @@ PRIVATE = {"protocol": "ours", "method": "taft-1", "regime": "fc", "eps": "1", "
 # (rule, wildcards, a key the rule does not read, a key it reads, that key's new value)
 CASES = [
     ("compose", {}, "train.epochs", "compose_weights", "size"),
-    ("evaluate_shard", {}, "compose_weights", "experiment", "renamed"),
-    ("evaluate_ensemble", {}, "train.eval_batch_size", "compose_weights", "size"),
+    ("evaluate_shards", {"shards": "1"}, "compose_weights", "experiment", "renamed"),  # no ensemble at N = 1
+    ("evaluate_shards", {"shards": "2"}, "train.eval_batch_size", "compose_weights", "size"),  # its ensemble's
     ("prepare", {}, "train.epochs", "dataset.limit_per_class", 7),
     ("pretrain", {}, "train.epochs", "backbone.pretrain", {"epochs": 3}),
     ("features", {}, "train.num_workers", "features.dtype", "bfloat16"),
@@ -63,7 +63,7 @@ CASES = [
     ("fuse", {**FUSE, "fusion": "regmean"}, "fusion.fisher_samples", "fusion.regmean_alpha", 0.5),
     ("train", TRAIN, "methods.fc", "methods.nlft-1", {"kind": "nlft", "k": 2}),
     ("train", TRAIN, "train.num_workers", "train.lr", 0.5),
-    ("train_vectorized_taft-1-vec_n2", {"seed": "0", "method": "taft-1-vec"}, "compose_weights", "seed", 3),
+    ("train_vectorized_taft-1-vec_n2_s0", {"seed": "0", "shards": "2", "method": "taft-1-vec"}, "compose_weights", "seed", 3),
     ("fusion_train", TRAIN, "device", "train.batch_size", 3),
     ("report", {}, "train.num_workers", "methods", {"fc": {"kind": "fc"}}),
     ("unlearn_drop", STUDY_NLFT, "train.lr", "compose_weights", "size"),  # sisa-drop weighs the shards
@@ -111,7 +111,7 @@ def test_the_job_config_gives_load_job_the_configs_train_block(cfg):
 
 
 def test_unknown_rules_and_missing_keys_are_named(cfg):
-    assert not converted("no_such_rule") and converted("train_vectorized_taft-1-vec_n2")
+    assert not converted("no_such_rule") and converted("train_vectorized_taft-1-vec_n2_s0")
     with pytest.raises(SettingsError, match="rule 'no_such_rule' has no settings"):
         settings_for("no_such_rule", cfg)
     with pytest.raises(SettingsError, match=r"rule 'train' reads config key 'methods.nope'"):

@@ -104,8 +104,8 @@ def claims_of(results: Path, out: Path, config: dict | None = CONFIG) -> dict[st
     assert md.name == "claims.md" and md.read_text().startswith("# Claims")
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["claim", "paper", "paper table/figure", "paper's figure", "this study's figure",
-                             "holds", "note"]
+    assert list(rows[0]) == ["claim", "paper", "paper table/figure", "paper's figure", "paper made it for",
+                             "paper's rows at this distance", "this study's figure", "holds", "note"]
     return {r["claim"]: r for r in rows}
 
 
@@ -167,7 +167,7 @@ def test_every_claim_holds_where_the_study_supports_it(tmp_path):
         "+9 to +13.5 pts over the non-linear soup at N = 10–50"
     assert paper["TAFT composition (Δw sum) ≥ non-linear soup, N = 2"].startswith("not reported at N = 2")
     md = (tmp_path / "report" / "claims.md").read_text()
-    assert "Holds: yes 9, no 0, n/a 0" in md and "Study: experiment `fake`" in md and "## Rows compared" in md
+    assert "Holds: yes 9, no 0, within noise 0, n/a 0" in md and "Study: experiment `fake`" in md and "## Rows compared" in md
 
 
 def test_claims_that_the_study_contradicts_say_no(tmp_path):
@@ -226,7 +226,8 @@ def test_partly_run_claims_name_the_missing_jobs(tmp_path):
     assert why["LAST ≥ FC at ≤ 25 % of full fine-tuning's memory"] == (
         "n/a", "— no full method trained at N = 1; accuracy: last 75.0 %, fc 70.0 % (+5.0 pts)")
     assert why["Unlearning cost: retrain-shard ≈ N× cheaper than the paragon: taft-1, N = 3"] == (
-        "n/a", "— no request touched a single shard (fewest: 3 of 3; forget.study.forget_fractions)")
+        "n/a", "— no request touched a single shard (fewest: 3 of 3; add 0, single-sample requests, to "
+        "forget.study.forget_fractions)")
 
 
 def test_memory_needs_records_that_carry_it(tmp_path):

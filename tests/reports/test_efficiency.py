@@ -72,7 +72,8 @@ def study(tmp_path) -> Path:
 def test_rule_of_log_paths():
     assert rule_of_log("results/logs/evaluate/last/n4_s0/ensemble.bench.tsv") == "evaluate_ensemble"
     assert rule_of_log("results/logs/evaluate/last/n4_s0/soup.bench.tsv") == "evaluate_soup"
-    assert rule_of_log("results/logs/evaluate/last/n4_s0/shard3.bench.tsv") == "evaluate_shard"
+    assert rule_of_log("results/logs/evaluate/last/n4_s0/shard3.bench.tsv") == "evaluate_shard"  # runs before
+    assert rule_of_log("results/logs/evaluate/last/n4_s0/shards.bench.tsv") == "evaluate_shards"
     assert rule_of_log("results/logs/train/taft-1/n4_s0/vectorized.bench.tsv") == "train_vectorized"
     assert rule_of_log("/x/results/logs/features/blocks.bench.tsv") == "features"
     assert rule_of_log("results/logs/train_private/ours/nlft-1/full/eps8/n1_s0/shard0.bench.tsv") == "train_private"
@@ -89,6 +90,8 @@ def test_efficiency_table(study, tmp_path):
     assert (tr.jobs, tr.wall_s, tr.images) == (2, 40.0, 4000)
     assert tr.wall_share_pct == pytest.approx(100 * 40 / 67)
     assert tr.in_step_pct == pytest.approx(100 * 36 / 40)
+    assert tr.outside_step_s == pytest.approx((10 - 8) + (30 - 28))  # the fixed cost, summed over the jobs
+    assert ev.outside_step_s == pytest.approx(20 - 15) and df.loc["compose"].outside_step_s == pytest.approx(1.5)
     assert tr.images_per_s == pytest.approx(100.0)
     assert tr.gflop_per_image == pytest.approx(2e-3)
     assert tr.gflop_per_s == pytest.approx(4000 * 2e6 / 40 / 1e9)
@@ -100,6 +103,7 @@ def test_efficiency_table(study, tmp_path):
     assert ev.peak_gflop_per_s == pytest.approx(2.0) and ev.peak_pct == pytest.approx(12.5)
     sh, co = df.loc["evaluate_shard"], df.loc["compose"]
     assert sh.jobs == 1 and sh.wall_s == 5.0 and pd.isna(sh.images) and pd.isna(sh.gflop_per_s)
+    assert pd.isna(sh.outside_step_s)  # no counters, no step time: not guessed
     assert pd.isna(sh.peak_rss_mb) and pd.isna(df.loc["compose"].peak_rss_mb)  # no peak file: none shown
     assert co.wall_s == 2.0 and pd.isna(co.images) and pd.isna(co.peak_pct)
     md = (out / "efficiency.md").read_text()

@@ -24,7 +24,9 @@ from pipeline_src.plan.environment import warn_on_lock_drift
 from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
+from pipeline_src.plan.search import variant_shards
 from pipeline_src.plan.step_settings import settings_for
+from pipeline_src.plan.vectorized import train_method_constraint, vectorized_jobs
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
@@ -33,8 +35,36 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
     own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
 
+from pipeline_src.plan.studies import old_layout_error, slurm_jobname_prefix, study_results
+
+# Each study writes under results/<experiment>/ (docs/studies.md): running one never touches another's.
+_study_root = study_results(config.get("experiment"))  # None: no valid name; validation below says so
+_old_layout = old_layout_error("results", config.get("experiment"))
+if _old_layout:
+    raise WorkflowError(_old_layout)
+
+if workflow.is_main_process and _study_root:
+    from pipeline_src.plan.run_start import at_exit, killed_rebuilds
+
+    at_exit(workflow, _study_root)  # temp files of killed writers and the validation cache, even if no job starts
+    # Files a killed run had deleted to rebuild them (a --forcerun): inputs of `all`, so rebuilt.
+    KILLED_REBUILDS = killed_rebuilds(_study_root)
+    if KILLED_REBUILDS:
+        logger.info(f"{len(KILLED_REBUILDS)} file(s) deleted by a killed run are rebuilt, e.g. {KILLED_REBUILDS[0]}")
+else:
+    KILLED_REBUILDS = []
+
+# What validation derives from the data is cached under results/<experiment>/prepare/.plan_cache,
+# written only when a run executes (run_start.at_exit): a dry run or --lint (parsed before
+# Snakemake says which it is) writes nothing.
+from pipeline_src.plan.cache import hold_writes
+
+hold_writes()
 try:
-    _validated = validate_config(config, cache_dir="results/prepare/.plan_cache")
+    from pipeline_src.plan.config_files import check_duplicate_keys
+
+    check_duplicate_keys(workflow.configfiles)  # Snakemake's loader let the last of two equal keys win
+    _validated = validate_config(config, cache_dir=_study_root and f"{_study_root}/prepare/.plan_cache")
 except ConfigError as err:
     raise WorkflowError(f"Invalid config: {err}") from None
 config.clear()
@@ -45,7 +75,21 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
     for _line in check_cache_budget(config):
         logger.info(_line)
 
-R = "results"
+R = study_results(config["experiment"])  # results/<experiment>: every rule builds its paths from R
+
+if workflow.is_main_process:
+    # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given), so
+    # two studies on one cluster are told apart. The executor's settings reach the workflow only
+    # when it executes, after this parse: set the prefix then.
+    _execute = workflow.execute
+
+    def _execute_named(*args, executor_settings=None, **kwargs):
+        if getattr(executor_settings, "jobname_prefix", None) == "":
+            executor_settings.jobname_prefix = slurm_jobname_prefix(config["experiment"])
+        return _execute(*args, executor_settings=executor_settings, **kwargs)
+
+    workflow.execute = _execute_named
+
 if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from now on (plan/private_workspace.py)
     from pipeline_src.plan.private_workspace import owner_only_umask, tighten
 
@@ -66,15 +110,17 @@ onstart:
     # gone (plan/run_start.py). Here, holding the run's lock, never in a dry run.
     from pipeline_src.plan.run_start import clear_killed_temps
     from snakemake.logging import logger
+    from pipeline_src.plan.cache import write_held
 
     _cleared = clear_killed_temps(R)
     if _cleared:
         logger.info(_cleared)
+    write_held()  # the validation cache: a run that starts jobs, never a dry run
 
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
 METHODS = list(config["methods"])
-VECTORIZED_METHODS = [m for m, c in config["methods"].items() if c.get("vectorized_shards")]
+VECTORIZED_JOBS = vectorized_jobs(config)  # (method, N, seed, shards) trained in one job each (`plan/vectorized.py`)
 SHARDS = config["shards"]
 SEEDS = config["seeds"]
 RES = config["resources"]
@@ -150,6 +196,21 @@ def shard_job_inputs(w, signature):
     return {**inputs, "signature": signature_path(signature), "upstream": signature_path("upstream")}
 
 
+def vectorized_job_inputs(method_name, shards, seed, trained):
+    """A vectorized training job's inputs: as a shard job's (`shard_job_inputs`), with all N
+    manifests in shard order, those of shards it does not train (touched by a forget request) as
+    `ancient`: a request then changes neither its inputs nor their times, and the shards it
+    trained do not rerun (`plan/vectorized.py`)."""
+    inputs = {k: ancient(v) for k, v in train_inputs_of(method_name, shards, seed).items() if k != "manifest"}
+    manifests = [m if i in trained else ancient(m) for i, m in enumerate(shard_manifests(shards, seed))]
+    return {
+        **inputs,
+        "manifest": manifests,
+        "signature": signature_path(f"train-{method_name}"),
+        "upstream": signature_path("upstream"),
+    }
+
+
 def signature_path(name):
     return f"{R}/signatures/{name}.json"
 
@@ -199,17 +260,35 @@ def shard_models(w):
     return [f"{R}/train/{w.method}/n{w.shards}_s{w.seed}/shard{i}.safetensors" for i in range(int(w.shards))]
 
 
+def evaluates_ensemble(shards):
+    """Whether the `evaluate_shards` job of N shards also writes their ensemble's rows."""
+    return int(shards) > 1 and "ensemble" in config["compositions"]
+
+
 def evaluation_targets():
-    """Every metrics file of the study: each shard model, and each composition for N > 1."""
+    """Every metrics file of the study: the shard models (and their ensemble) of each method, N
+    and seed in one file, and the soup's for N > 1."""
     out = []
     for m in METHODS:
-        for n in SHARDS:
+        for n in variant_shards(config, m):  # a search's grid point: only where the search runs
             for s in SEEDS:
                 base = f"{R}/metrics/evaluate/{m}/n{n}_s{s}"
-                out += [f"{base}/shard{i}.parquet" for i in range(n)]
-                if n > 1:
-                    out += [f"{base}/{c}.parquet" for c in config["compositions"]]
+                out.append(f"{base}/shards.parquet")
+                if n > 1 and "soup" in config["compositions"]:
+                    out.append(f"{base}/soup.parquet")
     return out
+
+
+# ------------------------------------------------------------ the validation search (select.smk)
+def validate_inputs(w):
+    """A candidate's model on the validation split: the full-data model (N = 1), the soup, or the
+    shard models of the ensemble."""
+    base = {"samples": f"{R}/prepare/samples.parquet", "backbone": f"{R}/pretrain/model.safetensors"}
+    if w.model == "shard":
+        return {**base, "models": [f"{R}/train/{w.method}/n{w.shards}_s{w.seed}/shard0.safetensors"]}
+    if w.model == "soup":
+        return {**base, "models": [f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"]}
+    return {**base, "models": shard_models(w)}
 
 
 # ------------------------------------------------------------ the ablation study (ablations.smk)

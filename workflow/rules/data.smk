@@ -42,6 +42,7 @@ rule pretrain:
     output:
         model=f"{R}/pretrain/model.safetensors",
         record=f"{R}/pretrain/backbone.json",
+        source_ids=f"{R}/pretrain/source_ids.txt",  # private: the ids the backbone saw (never exported)
         metrics=f"{R}/metrics/pretrain/backbone.parquet",
     log:
         f"{R}/logs/pretrain/pretrain.log",

@@ -1,23 +1,27 @@
-# One metrics file per evaluated model: a shard model, the soup, or the ensemble of shards.
+# One metrics file per (method, N, seed) for its shard models and their ensemble, and one for the soup.
 
 
-rule evaluate_shard:
+rule evaluate_shards:
+    # All N shard models of one (method, N, seed) in one job: one pass over the test split, the
+    # frozen prefix run once per batch for all of them. Its file holds each shard model's rows
+    # and, for N > 1 with `ensemble` among the compositions, their ensemble's. A forget request
+    # that retrains one shard reruns this job (evaluation is cheap next to training).
     input:
         samples=rules.prepare.output.samples,
         backbone=rules.pretrain.output.model,
-        models=[rules.train.output.model],
+        models=shard_models,
     output:
-        metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.parquet",
+        metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.parquet",
     log:
-        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
+        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.log",
     benchmark:
-        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
+        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
-        model="shard",
-        shard_id=lambda w: int(w.shard),
-        settings=step_settings("evaluate_shard"),
+        model="shards",
+        ensemble=lambda w: evaluates_ensemble(w.shards),
+        settings=step_settings("evaluate_shards"),
     script:
         "../scripts/step.py"
 
@@ -38,25 +42,5 @@ rule evaluate_soup:
     params:
         model="soup",
         settings=step_settings("evaluate_soup"),
-    script:
-        "../scripts/step.py"
-
-
-rule evaluate_ensemble:
-    input:
-        samples=rules.prepare.output.samples,
-        backbone=rules.pretrain.output.model,
-        models=shard_models,
-    output:
-        metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.parquet",
-    log:
-        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.log",
-    benchmark:
-        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/ensemble.bench.tsv"
-    conda:
-        "../envs/pipeline.yaml"
-    params:
-        model="ensemble",
-        settings=step_settings("evaluate_ensemble"),
     script:
         "../scripts/step.py"

@@ -4,8 +4,9 @@ import glob
 rule report:
     input:
         lambda w: [*evaluation_targets(), rules.pretrain.output.metrics, *STUDY_METRICS],
-        # Benchmark rows present when the DAG is built (benchmarks/ scripts write them) join the reports.
-        benchmarks=sorted(glob.glob(f"{R}/benchmarks/**/*.parquet", recursive=True)),
+        # Benchmark rows present when the DAG is built (benchmarks/ scripts write them into
+        # results/benchmarks/, shared by every study) join the reports.
+        benchmarks=sorted(glob.glob(f"{os.path.dirname(R)}/benchmarks/**/*.parquet", recursive=True)),
     output:
         # Every table (csv) and plot (png) the study supports goes into `snakemake --report`.
         reports=report(
@@ -19,7 +20,7 @@ rule report:
     conda:
         "../envs/pipeline.yaml"
     params:
-        results_dir=lambda w, output: os.path.dirname(output.reports),  # results/report -> results
+        results_dir=lambda w, output: os.path.dirname(output.reports),  # results/<experiment>/report -> results/<experiment>
         settings=step_settings("report"),
     script:
         "../scripts/step.py"

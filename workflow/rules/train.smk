@@ -34,7 +34,8 @@ rule train:
     benchmark:
         f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     wildcard_constraints:
-        method="|".join(m for m in METHODS if m not in VECTORIZED_METHODS) or "(?!)",
+        # every shard file except those the vectorized jobs below write
+        method=train_method_constraint(METHODS, VECTORIZED_JOBS),
     conda:
         "../envs/pipeline.yaml"
     threads: RES["train_threads"]
@@ -48,33 +49,37 @@ rule train:
         "../scripts/step.py"
 
 
-# Methods with `vectorized_shards: true` train all N shard models in one job (one rule per
-# method and N, since a rule's number of outputs is fixed); the others use `train` above.
-for _method in VECTORIZED_METHODS:
-    for _n in SHARDS:
+# The first training of a (method, N) with `vectorized_shards` is one job per seed that trains
+# every shard no forget request touches, vectorized over shards; a touched shard retrains alone
+# in `train` above (`plan/vectorized.py`). One rule per (method, N, seed): its outputs are fixed.
+for _method, _n, _seed, _trained in VECTORIZED_JOBS:
 
-        rule:
-            name:
-                f"train_vectorized_{_method}_n{_n}"
-            input:
-                unpack(lambda w, m=_method, n=_n: train_inputs_of(m, n, w.seed)),
-            output:
-                models=[f"{R}/train/{_method}/n{_n}_s{{seed}}/shard{i}.safetensors" for i in range(_n)],
-                records=[f"{R}/train/{_method}/n{_n}_s{{seed}}/shard{i}.json" for i in range(_n)],
-            log:
-                f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.log",
-            benchmark:
-                f"{R}/logs/train/{_method}/n{_n}_s{{seed}}/vectorized.bench.tsv"
-            conda:
-                "../envs/pipeline.yaml"
-            threads: RES["train_threads"]
-            resources:
-                mem_mb=mem_per_attempt(RES["train_mem_mb"]),
-                gpu=RES["gpu"],
-            params:
-                signature=lambda w, m=_method: signature_of(m),
-                settings=lambda w, m=_method: settings_for("train_vectorized", config, {**dict(w.items()), "method": m}),
-                method=_method,
-                shards=_n,
-            script:
-                "../scripts/step.py"
+    rule:
+        name:
+            f"train_vectorized_{_method}_n{_n}_s{_seed}"
+        input:
+            unpack(lambda w, m=_method, n=_n, s=_seed, t=_trained: vectorized_job_inputs(m, n, s, t)),
+        output:
+            models=[f"{R}/train/{_method}/n{_n}_s{_seed}/shard{i}.safetensors" for i in _trained],
+            records=[f"{R}/train/{_method}/n{_n}_s{_seed}/shard{i}.json" for i in _trained],
+        log:
+            f"{R}/logs/train/{_method}/n{_n}_s{_seed}/vectorized.log",
+        benchmark:
+            f"{R}/logs/train/{_method}/n{_n}_s{_seed}/vectorized.bench.tsv"
+        conda:
+            "../envs/pipeline.yaml"
+        threads: RES["train_threads"]
+        resources:
+            mem_mb=mem_per_attempt(RES["train_mem_mb"]),
+            gpu=RES["gpu"],
+        params:
+            # not the shards it trains: a forget request must not change this job's params
+            signature=lambda w, m=_method: signature_of(m),
+            settings=lambda w, m=_method, n=_n, s=_seed: settings_for(
+                "train_vectorized", config, {"method": m, "shards": str(n), "seed": str(s)}
+            ),
+            method=_method,
+            shards=_n,
+            seed=_seed,
+        script:
+            "../scripts/step.py"

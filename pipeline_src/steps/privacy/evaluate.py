@@ -41,7 +41,8 @@ def main(args: StepArgs) -> None:
     device = resolve_device(args.runtime["device"])
     t0 = time.perf_counter()
     store = SampleStore(args.input.samples)
-    test = store.split("target", "test")
+    split = args.params.get("split", "test")  # `validate_private` (the DP search's candidates): "val"
+    test = store.split("target", split)
     cached = "features" in args.input._names
     batch_size = args.runtime["eval_batch_size"]
     all_logits, records = [], []
@@ -66,7 +67,7 @@ def main(args: StepArgs) -> None:
     context = dict(
         experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
         kind=record["method_config"]["kind"], model=args.params["model"], variant=variant(record),
-        shards=int(w["shards"]), shard_id=args.params.get("shard_id"), seed=int(w["seed"]), split="test",
+        shards=int(w["shards"]), shard_id=args.params.get("shard_id"), seed=int(w["seed"]), split=split,
         num_samples=len(test.ids),
     )
     write_metrics(metric_rows(values, context=context, device=device, wall_time_s=time.perf_counter() - t0),

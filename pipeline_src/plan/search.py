@@ -1,0 +1,224 @@
+"""The `search:` section: the TAFT paper's validation search (App. A, Tables 4-6) as methods of the DAG.
+
+Each searched method is expanded at validation into one method per grid point: the learning
+rates `search.lrs` for every kind, times PT (`search.taft.pt`: false = `reset`) and CLS
+(`search.taft.cls`: true = `reset_cls`) for taft. A point is a method of `methods:` like any
+other, so it trains, composes and evaluates through the ordinary rules, and editing one point
+reruns only its jobs. Names are `<method>_lr<lr>[_pt<T|F>_cls<T|F>]` (`taft-1_lr1e-4_ptF_clsT`);
+the point equal to the method's own settings keeps the method's name (no second copy of its jobs).
+A method whose own settings are no point of the grid is not a candidate: selection picks among
+grid points only (searching more than the paper did is not its protocol).
+
+The points are recorded in `search.variants` (name -> base, lr, pt, cls), which the studies that
+default to "every method of a kind" (fusion, privacy) skip: they keep studying the methods the
+user named. Torch-free: the Snakefile's parse runs it.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pipeline_src.methods.kinds import kind_of, kinds_where
+from pipeline_src.plan.errors import ConfigError
+
+SEARCHED_KINDS = kinds_where("searched")
+
+
+def lr_tag(lr: float) -> str:
+    """How a learning rate appears in a point's name: 0.001 -> '1e-3', 0.0003 -> '3e-4', 0.5 -> '5e-1'."""
+    mantissa, exponent = f"{float(lr):e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".").replace(".", "p")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _flag(value: bool) -> str:
+    return "T" if value else "F"
+
+
+def point_name(base: str, lr: float, pt: bool | None, cls: bool | None) -> str:
+    """A grid point's method name (before the base-name rule)."""
+    name = f"{base}_lr{lr_tag(lr)}"
+    return name if pt is None else f"{name}_pt{_flag(pt)}_cls{_flag(cls)}"
+
+
+def searched_methods(cfg: dict) -> list[str]:
+    """`search.methods`, or every base method of a searched kind when it is empty (config order)."""
+    variants = cfg["search"].get("variants") or {}
+    names = cfg["search"]["methods"]  # a DP search's points (dp_only) are never searched again
+    if names:
+        return list(names)
+    return [n for n, m in cfg["methods"].items() if kind_of(m).searched and n not in variants]
+
+
+def search_shards(cfg: dict) -> list[int]:
+    """The shard counts where the grid points train and selection is made."""
+    return list(cfg["search"]["shards"]) or list(cfg["shards"])
+
+
+def _own_point(cfg: dict, method: dict) -> dict[str, Any]:
+    """The method's own settings on the grid's axes (lr as it trains: its own, else `train.lr`)."""
+    point = {"lr": float(method.get("lr", cfg["train"]["lr"]))}
+    if kind_of(method).tangent:
+        point.update(pt=not method.get("reset", False), cls=bool(method.get("reset_cls", False)))
+    return point
+
+
+def grid(cfg: dict, base: str) -> list[dict[str, Any]]:
+    """The points of one searched method, in grid order: {name, lr, pt, cls, kind, k} (pt, cls None but
+    for taft; k None but for nlft and taft)."""
+    method = cfg["methods"][base]
+    search = cfg["search"]
+    taft = kind_of(method).tangent
+    axes = itertools.product(search["lrs"], search["taft"]["pt"] if taft else [None],
+                             search["taft"]["cls"] if taft else [None])
+    own = _own_point(cfg, method)
+    out = []
+    for lr, pt, cls in axes:
+        point = {"lr": float(lr), **({"pt": pt, "cls": cls} if taft else {})}
+        name = base if point == own else point_name(base, lr, pt, cls)
+        out.append({"name": name, "lr": float(lr), "pt": pt, "cls": cls, "kind": method["kind"], "k": method.get("k")})
+    return out
+
+
+def point_settings(method: dict, point: dict[str, Any]) -> dict:
+    """A base method's settings moved to a grid point."""
+    out = {**method, "lr": point["lr"]}
+    if point["pt"] is not None:
+        out["reset"] = not point["pt"]
+        out["reset_cls"] = bool(point["cls"])
+    return out
+
+
+def expand_search(cfg: dict) -> None:
+    """Add every grid point of `search:` to `cfg["methods"]` and record them in `search.variants`
+    (in place; a config expanded before is expanded again from its base methods).
+
+    Args:
+        cfg: the config after the schema's defaults are filled in.
+
+    Raises:
+        ConfigError: a searched method that is not in `methods:` or of no searched kind, a search
+            shard count not in `shards`, or a point whose name a method already has.
+    """
+    search = cfg["search"]
+    old = search.get("variants") or {}
+    for name in old:  # a config validated before: back to its base methods
+        cfg["methods"].pop(name, None)
+    if old and "privacy" in cfg:  # and the privacy study's lists to the methods named by hand
+        cfg["privacy"]["methods"] = [m for m in cfg["privacy"]["methods"] if m not in old]
+        cfg["privacy"]["paper"]["methods"] = [m for m in cfg["privacy"]["paper"]["methods"] if m not in old]
+    search["variants"] = {}
+    if not search["enabled"]:
+        return
+    for i, name in enumerate(search["methods"]):
+        if name not in cfg["methods"]:
+            raise ConfigError(f"config key 'search.methods[{i}]': '{name}' is not a method of `methods:`")
+        if not kind_of(cfg["methods"][name]).searched:
+            raise ConfigError(f"config key 'search.methods[{i}]': '{name}' is of kind "
+                              f"'{cfg['methods'][name]['kind']}', not one the search covers ({', '.join(SEARCHED_KINDS)})")
+    for i, n in enumerate(search["shards"]):
+        if n not in cfg["shards"]:
+            raise ConfigError(f"config key 'search.shards[{i}]': {n} is not one of `shards` {cfg['shards']}")
+    added: dict[str, dict] = {}
+    for base in searched_methods(cfg):
+        for point in grid(cfg, base):
+            if point["name"] == base:
+                continue
+            if point["name"] in cfg["methods"] or point["name"] in added:
+                raise ConfigError(f"config key 'methods.{point['name']}': the name of a grid point of "
+                                  f"search over '{base}'; rename the method")
+            added[point["name"]] = point_settings(cfg["methods"][base], point)
+            search["variants"][point["name"]] = {"base": base, "lr": point["lr"], "pt": point["pt"],
+                                                 "cls": point["cls"]}
+    cfg["methods"].update(added)
+    if cfg["privacy"]["enabled"]:
+        _expand_privacy_pt(cfg)
+
+
+def _expand_privacy_pt(cfg: dict) -> None:
+    """The paper's DP search (PT ∈ {T, F}): each taft method of the privacy study gets its other PT
+    as a method that only the privacy study trains (`dp_only`), added to the study's method lists."""
+    p, search = cfg["privacy"], cfg["search"]
+    # `privacy.methods` resolved before the points join `methods:` (as plan/privacy.privacy_methods)
+    studied = list(p["methods"]) or [n for n, m in cfg["methods"].items()
+                                     if kind_of(m).private and not is_variant(cfg, n)]
+    bases = [m for m in dict.fromkeys([*studied, *p["paper"]["methods"]]) if kind_of(cfg["methods"][m]).tangent]
+    added = {}
+    for base in bases:
+        method = cfg["methods"][base]
+        own = not method.get("reset", False)
+        for pt in search["privacy_pt"]:
+            if pt == own:
+                continue
+            name = f"{base}_dp_pt{_flag(pt)}"
+            if name in cfg["methods"]:
+                raise ConfigError(f"config key 'methods.{name}': the name of the DP search's PT point of "
+                                  f"'{base}'; rename the method")
+            added[name] = {**method, "reset": not pt}
+            search["variants"][name] = {"base": base, "lr": float(method.get("lr", cfg["train"]["lr"])), "pt": pt,
+                                        "cls": bool(method.get("reset_cls", False)), "dp_only": True}
+            if base in studied:
+                studied.append(name)
+            if base in p["paper"]["methods"]:
+                p["paper"]["methods"] = [*p["paper"]["methods"], name]
+    cfg["methods"].update(added)
+    p["methods"] = studied if added else p["methods"]
+
+
+def dp_candidates(cfg: dict, base: str) -> list[dict[str, Any]]:
+    """The DP search's points of one taft method: {name, lr, pt, cls, kind, k}, in `privacy_pt` order."""
+    method = cfg["methods"][base]
+    own = not method.get("reset", False)
+    lr = float(method.get("lr", cfg["train"]["lr"]))
+    return [{"name": base if pt == own else f"{base}_dp_pt{_flag(pt)}", "lr": lr, "pt": pt,
+             "cls": bool(method.get("reset_cls", False)), "kind": method["kind"], "k": method.get("k")}
+            for pt in cfg["search"]["privacy_pt"]]
+
+
+def is_variant(cfg: dict, name: str) -> bool:
+    """Whether `name` is a grid point added by the search (not a method the user named)."""
+    return name in (cfg.get("search", {}).get("variants") or {})
+
+
+def variant_shards(cfg: dict, name: str) -> list[int]:
+    """The shard counts a method trains at: a grid point only at the searched ones, a DP search's
+    point at none (only the privacy study trains it)."""
+    if not is_variant(cfg, name):
+        return list(cfg["shards"])
+    return [] if cfg["search"]["variants"][name].get("dp_only") else search_shards(cfg)
+
+
+
+def selection_model(cfg: dict, shards: int) -> str | None:
+    """The model selection compares at N shards: the full-data model at N = 1, else the soup (the
+    composed model of TAFT Table 6), else the ensemble; None when the study composes nothing."""
+    if shards == 1:
+        return "shard"
+    comps = cfg["compositions"]
+    return "soup" if "soup" in comps else "ensemble" if "ensemble" in comps else None
+
+
+def selection_points(cfg: dict) -> dict[str, list[dict[str, Any]]]:
+    """Each searched base method's candidates (its grid points, in grid order): the `select` job's
+    param, so adding or editing a point reruns that method's selection only."""
+    if not cfg["search"]["enabled"]:
+        return {}
+    return {base: grid(cfg, base) for base in searched_methods(cfg)}
+
+
+def validation_targets(cfg: dict, results: str, base: str) -> list[str]:
+    """The validation metrics files the selection of `base` reads: every candidate, searched N
+    with a selection model, and seed (`results/validate/<method>/n<N>_s<seed>/<model>.parquet`)."""
+    out = []
+    for point in grid(cfg, base):
+        for n in search_shards(cfg):
+            model = selection_model(cfg, n)
+            if model is None:
+                continue
+            out += [f"{results}/validate/{point['name']}/n{n}_s{s}/{model}.parquet" for s in cfg["seeds"]]
+    return out
+
+
+def selection_targets(cfg: dict, results: str) -> list[str]:
+    """The `select` outputs of the study: one record per searched method (empty without search)."""
+    return [f"{results}/select/{base}.parquet" for base in selection_points(cfg)]

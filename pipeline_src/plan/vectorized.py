@@ -1,0 +1,93 @@
+"""Which shard models train in one vectorized job per (method, N, seed), and which in per-shard
+`train` jobs (workflow/rules/train.smk), at DAG-build time without torch.
+
+- A method's `vectorized_shards` (true, false or auto, the default) says whether its first
+  training of N shards is one job (`steps/train_vectorized.py`). `auto` picks it where the
+  benchmark found it pays (`auto_pays`).
+- The vectorized job trains the shards that no forget request touches; a touched shard
+  retrains alone in a per-shard job, and only it. The vectorized job's outputs are exactly the
+  untouched shards' files, and the per-shard rule is kept off them (`train_method_constraint`),
+  so no file has two rules. Its inputs keep all N manifests in shard order, the touched ones as
+  `ancient` (workflow/rules/common.smk): a new request changes neither its inputs nor its
+  params, so the untouched shards do not rerun.
+"""
+from __future__ import annotations
+
+import re
+
+from pipeline_src.methods.kinds import kind_of
+from pipeline_src.plan.forget import forgotten_in_shard, shard_members
+
+DEFAULT = "auto"
+
+
+def auto_pays(shards: int, mean_shard_size: float) -> bool:
+    """`auto`'s rule, from benchmarks/bench_vectorized_shards.py on the 2-core CPU (README "Training
+    shards together"): stacked training took 0.1-1.0x the compute of N separate trainings, and saves
+    N - 1 job starts (~0.6 s each), except at N = 2-4 with 200-400-sample shards (nlft, taft:
+    1.1-1.4x; over 30 epochs that loses more than the starts saved). Larger shards were not
+    measured: per-shard jobs there.
+
+    Args:
+        shards: N.
+        mean_shard_size: training samples / N.
+    """
+    return shards >= 2 and (mean_shard_size <= 200 or (shards >= 10 and mean_shard_size <= 400))
+
+
+def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
+    """Whether the first training of `method` at N = `shards` is one vectorized job.
+
+    Args:
+        cfg: the validated config.
+        method: a key of `methods`.
+        shards: N.
+    """
+    method_cfg = cfg["methods"][method]
+    setting, kind = method_cfg.get("vectorized_shards", DEFAULT), kind_of(method_cfg)
+    if not setting or not kind.vectorized:
+        return False
+    if setting == "auto":
+        if not kind.auto_vectorized or shards < 2 or cfg["train"]["augment"]["enabled"] or not cfg["features"]["cache"]:
+            return False  # augmentation needs per-shard jobs; auto was measured from cached features
+        unforgotten = {**cfg, "forget": {**cfg["forget"], "requests": None}}  # a request must not flip the choice
+        total = sum(len(shard_members(unforgotten, shards, seed, i)) for seed in cfg["seeds"] for i in range(shards))
+        return auto_pays(shards, total / (shards * len(cfg["seeds"])))
+    return True
+
+
+def vectorized_shards(cfg: dict, method: str, shards: int, seed: int) -> list[int]:
+    """The shards the vectorized job of (method, N, seed) trains: those no forget request touches
+    ([] when the method trains per shard at this N)."""
+    if not is_vectorized(cfg, method, shards):
+        return []
+    return [i for i in range(shards) if not forgotten_in_shard(cfg, shards, seed, i)]
+
+
+def vectorized_jobs(cfg: dict) -> list[tuple[str, int, int, list[int]]]:
+    """(method, N, seed, shards) of every vectorized training job of the study (`shards` config x
+    `seeds`), one per (method, N, seed) with at least one untouched shard."""
+    out = []
+    for method in cfg["methods"]:
+        for n in cfg["shards"]:
+            for seed in cfg["seeds"]:
+                trained = vectorized_shards(cfg, method, n, seed)
+                if trained:
+                    out.append((method, n, seed, trained))
+    return out
+
+
+def train_method_constraint(methods: list[str], jobs: list[tuple[str, int, int, list[int]]]) -> str:
+    """The `method` wildcard constraint of the per-shard `train` rule: any method, except on the
+    files the vectorized jobs write (a lookahead over the rest of the path
+    `{method}/n{N}_s{seed}/shard{i}.<ext>`).
+
+    Args:
+        methods: every method name.
+        jobs: `vectorized_jobs(cfg)`.
+    """
+    names = "|".join(re.escape(m) for m in methods) or "(?!)"
+    if not jobs:
+        return f"(?:{names})"
+    taken = "|".join(f"{re.escape(m)}/n{n}_s{s}/shard(?:{'|'.join(map(str, idx))})\\." for m, n, s, idx in jobs)
+    return f"(?!(?:{taken}))(?:{names})"

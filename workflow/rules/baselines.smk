@@ -1,0 +1,26 @@
+# References that need no pretraining (config `baselines:`), on the study's own target images, their
+# rows in the metrics schema beside the methods' (issue 31). The from-scratch model of the backbone's
+# architecture is a method (`{kind: full, init: random}`), trained under the same protocol as the others.
+rule baseline_pixel_logreg:
+    input:
+        samples=f"{R}/prepare/samples.parquet",
+        images=f"{R}/prepare/images.npy",
+    output:
+        metrics=f"{R}/metrics/baselines/pixel_logreg.parquet",
+    log:
+        f"{R}/logs/baselines/pixel_logreg.log",
+    benchmark:
+        f"{R}/logs/baselines/pixel_logreg.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    threads: 1
+    resources:
+        mem_mb=mem_per_attempt(2000),
+    params:
+        settings=step_settings("baseline_pixel_logreg"),
+    script:
+        "../scripts/step.py"
+
+
+BASELINE_METRICS = [f"{R}/metrics/baselines/pixel_logreg.parquet"] if config["baselines"]["pixel_logreg"] else []
+STUDY_METRICS.extend(BASELINE_METRICS)
