@@ -27,7 +27,7 @@ DP_ONLY = ("private", "metrics/private", "release", "logs/train_private", "logs/
 
 def _config() -> dict:
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    for study in ("fusion", "forget", "last_grid"):
+    for study in ("fusion", "forget", "last_grid", "search"):
         cfg.pop(study, None)
     cfg["device"] = "cpu"
     cfg["methods"] = {"taft-1": {"kind": "taft", "k": 1}}
