@@ -19,6 +19,8 @@ rule all:
     input:
         f"{R}/report",
         KILLED_REBUILDS,
+        # a DP study's releasable folder (privacy.smk: release)
+        *([f"{R}/release"] if config["privacy"]["enabled"] else []),
 
 
 include: "workflow/rules/targets.smk"

@@ -153,6 +153,7 @@ def main() -> None:
     p.add_argument("--snakemake-args", default="", help="more snakemake arguments, e.g. '--scheduler greedy'")
     p.add_argument("--smoke", action="store_true", help="CPU and tiny sizes: checks this script, measures nothing")
     p.add_argument("--mps", action="store_true", help="run every phase under NVIDIA MPS (the mps part's own phases choose)")
+    p.add_argument("--overlay", default="", help="YAML appended to every part's overlay, e.g. 'train: {precision: bfloat16}'")
     args = p.parse_args()
     parts = args.part or ["vitb", "fashion"]
     workdir = Path(args.workdir).resolve()
@@ -167,6 +168,7 @@ def main() -> None:
             text += f"dataset:\n  path: {Path(args.data).resolve()}\n"
         if part == "mps":
             text += MPS_OVERLAY
+        text += args.overlay + "\n" if args.overlay else ""
         overlay.write_text(text)
         configs = [str(REPO / STUDIES[part]), str(overlay)]
         if args.smoke:

@@ -140,9 +140,9 @@ def main() -> None:
         sizes = {"model": name, "embed": embed, "depth": depth, "heads": heads, "hidden": 4 * embed,
                  "params": n_params, "workers": os.cpu_count()}  # match_to_anchor's default FFN threads
         cases = {
-            "match_full": lambda: match_to_anchor(sd_a, sd_b, num_heads=heads),
-            "match_attention": lambda: match_to_anchor(sd_a, sd_b, num_heads=heads, ffn=False),
-            "match_ffn": lambda: match_to_anchor(sd_a, sd_b, num_heads=heads, attention=False),
+            "match_full": lambda: match_to_anchor(sd_a, sd_b, num_heads=heads, plain_attention=True),
+            "match_attention": lambda: match_to_anchor(sd_a, sd_b, num_heads=heads, ffn=False, plain_attention=True),
+            "match_ffn": lambda: match_to_anchor(sd_a, sd_b, num_heads=heads, attention=False, plain_attention=True),
         }
         block0 = [sd[f"blocks.0.mlp.{p}"] for sd in (sd_a, sd_b) for p in ("fc1.weight", "fc1.bias", "fc2.weight")]
         sim = ffn_similarity(*block0)

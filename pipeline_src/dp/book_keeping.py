@@ -295,8 +295,9 @@ class BookKeepingModule(nn.Module):
         if len(live) != len(self.trainable_parameters):
             raise RuntimeError("book-keeping clipping: trainable parameters were frozen since wrapping; re-wrap")
         self._records, self._anchor, self._seen = [], None, set()
-        # the first forward only; built while the trainable parameters still require grad
-        guard = ParameterUseGuard(self._module, mode="bk") if not self._checked else None
+        # every training forward (a model may start a foreign use later); built while the trainable
+        # parameters still require grad
+        guard = ParameterUseGuard(self._module, mode="bk")
         for p in live:  # autograd will not form parameter gradients: BK builds the clipped sum itself
             p.requires_grad_(False)
         self._active = True

@@ -23,6 +23,7 @@ from torch import nn
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import NEIGHBOURING, plan_budget
+from pipeline_src.dp.frozen_modes import train_trainable_only
 from pipeline_src.dp.secret_randomness import secret_generator
 from pipeline_src.job.counters import counting
 
@@ -117,7 +118,7 @@ def train_private_full_batch(model: nn.Module, inputs: torch.Tensor | Sequence[t
     optimizer = torch.optim.SGD([p for _, p in trainable], lr=lr)
     acc = create_accountant(mechanism=accountant)
     module = BookKeepingModule(model, max_grad_norm=c)
-    model.train()
+    train_trainable_only(model)  # frozen modules (BatchNorm stem, drop-path) stay in eval mode
     try:
         for epoch in range(epochs):
             optimizer.zero_grad(set_to_none=True)

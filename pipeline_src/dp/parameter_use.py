@@ -11,7 +11,16 @@ gradient. A parameter that reaches the loss any other way escapes the clip:
   ‖g₁ + g₂‖² ≠ ‖g₁‖² + ‖g₂‖². Opacus' hooks sum the two calls' per-example gradients before
   the norm, so only the norm-only modes (bk, fast, ghost) refuse it.
 
-`shared_parameters` is a static check; `ParameterUseGuard` watches one real forward.
+- a forward hook, pre-hook or instance-level `forward` override on a module that holds a
+  trainable parameter: fast and ghost clipping compute the norm from the module's inputs and
+  output gradient as the class's forward defines them; a hook that reuses the weight (a LayerNorm
+  hook multiplying by its weight: 0.0527 against C = 0.05) or a patched forward that uses it
+  twice (0.0912) escapes it. `foreign_hooks` refuses them (fast and ghost), before wrapping and
+  again at every forward.
+
+`shared_parameters` and `foreign_hooks` are static checks; `ParameterUseGuard` watches one real
+forward, and `GuardForwards` runs every training forward under one (a parent may start using a
+child's weight at any forward, e.g. from its second on).
 """
 from __future__ import annotations
 
@@ -56,6 +65,43 @@ def shared_parameters(model: nn.Module, mode: str) -> None:
                     f"per-example norms would be taken per module, not per parameter. Untie or freeze it")
 
 
+def _hook_ids(m: nn.Module) -> set[tuple[str, int]]:
+    return {(kind, k) for kind in ("_forward_hooks", "_forward_pre_hooks") for k in getattr(m, kind)}
+
+
+def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]] = frozenset()) -> None:
+    """Refuse forward hooks, pre-hooks and instance-level `forward` overrides on the modules that
+    hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused:
+    FlopCounterMode's module tracker (the job's FLOP counter) registers them; they see a module's
+    output, as any parent may.
+
+    Args:
+        model: the model (before wrapping: every hook on it is foreign).
+        mode: the DP mode, named in the error.
+        allowed: (id(module), hook table, hook id) of the hooks the DP wrapper registered itself.
+    Raises:
+        ParameterUseError: naming the module, its trainable parameters and the hook.
+    """
+    for name, m, own in trainable_owners(model):
+        where = f"module '{name or '<root>'}' ({type(m).__qualname__}, trainable parameters {own})"
+        if "forward" in m.__dict__:
+            raise ParameterUseError(f"DP mode {mode!r}: {where} has an instance-level `forward` override; the "
+                                    f"per-example norm assumes the class's forward. Subclass it instead, or use "
+                                    f"mode='hooks'/'bk'")
+        for kind, k in _hook_ids(m):
+            if (id(m), kind, k) not in allowed:
+                hook = getattr(m, kind)[k]
+                raise ParameterUseError(
+                    f"DP mode {mode!r}: {where} has a {kind.strip('_').replace('_', ' ')[:-1]} "
+                    f"{getattr(hook, '__qualname__', hook)!s} the DP wrapper did not register; it could use the "
+                    f"parameter where the per-example norm does not see it. Remove it, or use mode='hooks'/'bk'")
+
+
+def wrapper_hooks(model: nn.Module) -> set[tuple[int, str, int]]:
+    """The hooks on `model`'s trainable modules now (after wrapping: the wrapper's own)."""
+    return {(id(m), kind, k) for _, m, _ in trainable_owners(model) for kind, k in _hook_ids(m)}
+
+
 class ParameterUseGuard(TorchFunctionMode):
     """Fails a forward in which a trainable parameter feeds an op outside its own module's
     forward, or (unless `allow_repeat`) a trainable module runs twice.
@@ -74,6 +120,7 @@ class ParameterUseGuard(TorchFunctionMode):
         layers = trainable_owners(model)
         self._owner = {id(getattr(m, n)): (name or "<root>", m, n) for name, m, own in layers for n in own}
         self._names = {id(m): name or "<root>" for name, m, _ in layers}
+        self._own = {id(m): own for _, m, own in layers}
         self._running: list[nn.Module] = []
         self._calls: set[int] = set()
         self._handles = []
@@ -81,7 +128,13 @@ class ParameterUseGuard(TorchFunctionMode):
             self._handles.append(m.register_forward_pre_hook(self._enter))
             self._handles.append(m.register_forward_hook(self._leave, always_call=True))
 
-    def _enter(self, module: nn.Module, _inputs) -> None:
+    def _enter(self, module: nn.Module, inputs) -> None:
+        x = inputs[0] if inputs else None
+        if isinstance(module, nn.Linear) and isinstance(x, torch.Tensor) and x.dim() < 2:
+            raise ParameterUseError(  # (reading requires_grad here would re-enter __torch_function__)
+                f"DP mode {self.mode!r}: trainable parameter '{self._names[id(module)]}.{self._own[id(module)][0]}' ({type(module).__qualname__}) "
+                f"is applied to an input of shape {tuple(x.shape)}, without a batch dimension; per-example "
+                f"gradients need one example per row. Apply it to the batch")
         if id(module) in self._calls and not self.allow_repeat:
             raise ParameterUseError(
                 f"DP mode {self.mode!r}: trainable module '{self._names[id(module)]}' ({type(module).__qualname__}) "
@@ -118,27 +171,33 @@ class ParameterUseGuard(TorchFunctionMode):
         self._handles = []
 
 
-class GuardFirstForward:
-    """Runs the first training forward of `wrapper` under a `ParameterUseGuard` of `model`
-    (later forwards run unguarded: a model's parameter use does not change between batches).
+class GuardForwards:
+    """Runs every training forward of `wrapper` under a `ParameterUseGuard` of `model` (a model
+    may change how it uses a parameter between forwards: a parent can start using a child's
+    weight from its second forward on); with `hooks_from`, each forward first re-checks the
+    trainable modules for hooks and `forward` overrides added since wrapping (`foreign_hooks`).
 
     Args:
         wrapper: the module whose forward is called in training (an Opacus wrapper, or the model).
         model: the unwrapped model.
         mode: the DP mode, named in errors.
         allow_repeat: see `ParameterUseGuard`.
+        hooks_from: the hooks the wrapper registered (`wrapper_hooks`); None: no hook check.
     """
 
-    def __init__(self, wrapper: nn.Module, model: nn.Module, *, mode: str, allow_repeat: bool = False) -> None:
-        self._model, self._mode, self._allow_repeat = model, mode, allow_repeat
+    def __init__(self, wrapper: nn.Module, model: nn.Module, *, mode: str, allow_repeat: bool = False,
+                 hooks_from: set[tuple[int, str, int]] | None = None) -> None:
+        self._model, self._mode, self._allow_repeat, self._allowed = model, mode, allow_repeat, hooks_from
         self._guard: ParameterUseGuard | None = None
-        self.checked = False
+        self.checked = 0  # training forwards run under the guard
         self._handles = [wrapper.register_forward_pre_hook(self._enter),
                          wrapper.register_forward_hook(self._leave, always_call=True)]
 
     def _enter(self, wrapper: nn.Module, _inputs) -> None:
-        if self.checked or not (wrapper.training and torch.is_grad_enabled()):
+        if not (wrapper.training and torch.is_grad_enabled()):
             return
+        if self._allowed is not None:
+            foreign_hooks(self._model, self._mode, self._allowed)
         self._guard = ParameterUseGuard(self._model, mode=self._mode, allow_repeat=self._allow_repeat)
         self._guard.__enter__()
 
@@ -147,8 +206,7 @@ class GuardFirstForward:
             return
         guard, self._guard = self._guard, None
         guard.__exit__(None, None, None)
-        self.checked = True
-        self.remove()
+        self.checked += 1
 
     def remove(self) -> None:
         for h in self._handles:

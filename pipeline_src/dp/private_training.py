@@ -33,8 +33,9 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import NEIGHBOURING, plan_budget, steps_per_epoch
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
+from pipeline_src.dp.frozen_modes import train_trainable_only
 from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
-from pipeline_src.dp.parameter_use import GuardFirstForward, shared_parameters
+from pipeline_src.dp.parameter_use import GuardForwards, foreign_hooks, shared_parameters, wrapper_hooks
 from pipeline_src.dp.secret_randomness import secret_generator
 from pipeline_src.job.counters import counting
 from pipeline_src.job.glibc_malloc import release_freed
@@ -141,6 +142,8 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     if mode not in MODES:
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
     shared_parameters(model, mode)
+    if mode in ("fast", "ghost"):  # their norms assume the class's forward, unhooked
+        foreign_hooks(model, mode)
     if mode == "fast":
         check_fast_supported(model)
     if noise_generator is None:
@@ -167,8 +170,10 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
         dp_opt.expected_batch_size = expected_batch_size
     if mode == "fast":
         attach_fast_norm_samplers(module)
-    # the first training forward is watched for parameter use the clip cannot see (bk watches its own)
-    GuardFirstForward(module, model, mode=mode, allow_repeat=mode == "hooks")
+    # every training forward is watched for parameter use the clip cannot see (bk watches its own),
+    # and in fast and ghost for hooks added since wrapping
+    GuardForwards(module, model, mode=mode, allow_repeat=mode == "hooks",
+                  hooks_from=wrapper_hooks(model) if mode in ("fast", "ghost") else None)
     return engine, module, dp_opt, dp_loader
 
 
@@ -259,7 +264,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
         model, optimizer, loader, mode=mode, sigma=budget["sigma"], max_grad_norm=max_grad_norm,
         accountant=accountant, noise_generator=noise_generator, sampler_generator=sampler_generator,
         public_size=public)
-    model.train()
+    train_trainable_only(model)  # frozen modules (BatchNorm stem, drop-path) stay in eval mode
     step = 0
     try:
         for epoch in range(epochs):

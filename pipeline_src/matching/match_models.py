@@ -17,6 +17,7 @@ by `check_matchable_modules` as well.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +130,13 @@ def _permuted_ffn(sim: torch.Tensor, model_sd: dict, base: str) -> dict:
     return out
 
 
+def check_num_heads(num_heads) -> None:
+    """Refuse a head count that is not a positive int (bool, float, str and None included)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
+        raise TypeError(f"match_models: num_heads must be a positive int, got {num_heads!r} "
+                        f"({type(num_heads).__name__})")
+
+
 def match_to_anchor(
     anchor_sd: dict,
     model_sd: dict,
@@ -143,6 +151,7 @@ def match_to_anchor(
     prefix: str = "",
     workers: int | None = None,
     model: nn.Module | None = None,
+    plain_attention: bool = False,
 ) -> dict:
     """Return `model_sd` transformed (same function) to be close to `anchor_sd`.
 
@@ -164,8 +173,19 @@ def match_to_anchor(
             and then matches the attention of all blocks; default os.cpu_count().
         model: a module of the architecture both state dicts belong to (keys as in them); its
             modules are checked by `check_matchable_modules` first. Without it only the keys
-            are checked, which cannot see a parameter-free q_norm/k_norm or attention norm.
+            are checked, which cannot see a parameter-free q_norm/k_norm or attention norm, so
+            it is required unless `plain_attention`.
+        plain_attention: the caller vouches that no matched block has a parameter-free norm
+            inside its attention (needed without `model`).
+    Raises:
+        TypeError: `num_heads` is not a positive int. ValueError: neither `model` nor
+            `plain_attention`, or an unsupported block.
     """
+    check_num_heads(num_heads)
+    if model is None and not plain_attention:
+        raise ValueError("match_to_anchor: pass the model (`model=`), whose modules are checked for parameter-free "
+                         "q/k and attention-output norms that a state dict cannot show (they break the rotation), "
+                         "or `plain_attention=True` to vouch that its attention has none")
     all_blocks = block_indices(model_sd, prefix)
     if not all_blocks:
         raise ValueError(f"match_models: no '{prefix}blocks.<i>.attn.qkv.weight' keys in the state dict")

@@ -56,7 +56,7 @@ def matchable_keys(state: dict, kind: str, blocks: list[int], ffn: bool) -> list
 
 
 def match_state(anchor: dict, state: dict, *, matching: str, kind: str, num_heads: int,
-                blocks: list[int], ffn: bool, model: nn.Module | None = None) -> dict:
+                blocks: list[int], ffn: bool, model: nn.Module | None = None, head_permutation: bool = False) -> dict:
     """`state` transformed to be close to `anchor` without changing its function.
 
     Args:
@@ -68,6 +68,7 @@ def match_state(anchor: dict, state: dict, *, matching: str, kind: str, num_head
         ffn: also permute FFN hidden units (nlft only; LSA modules have no FFN).
         model: the tuned model the states belong to (nlft: a `TailFineTune`); its modules and
             head count are checked first (`check_matchable_modules`). Required for nlft.
+        head_permutation: also permute whole heads before the per-head step (`fusion.head_permutation`).
     """
     if matching == "none":
         return dict(state)
@@ -79,10 +80,11 @@ def match_state(anchor: dict, state: dict, *, matching: str, kind: str, num_head
         if model is None:
             raise ValueError("match_state: nlft matching needs the tuned model, to check its modules")
         return match_to_anchor(anchor, state, num_heads=num_heads, blocks=blocks, ffn=ffn,
-                               rotation=rotation, scaling=scaling, model=model.model)
+                               rotation=rotation, scaling=scaling, model=model.model,
+                               head_permutation=head_permutation)
     if kind == "last":
         return match_lsa_state_dict(anchor, state, num_heads=num_heads, module_prefixes=_lsa_prefixes(state, blocks),
-                                    rotation=rotation, scaling=scaling)
+                                    rotation=rotation, scaling=scaling, head_permutation=head_permutation)
     raise ValueError(f"config key 'fusion.methods': kind '{kind}' cannot be matched (nlft and last only)")
 
 

@@ -90,7 +90,8 @@ def variant(cfg: dict, init: str, matching: str, **extra) -> str:
     """The metrics rows' `variant` JSON: everything that identifies a fusion-study row."""
     fus = cfg["fusion"]
     return json.dumps({"study": "fusion", "init": init, "matching": matching, "match_ffn": fus["match_ffn"],
-                       "blocks": fus["blocks"], **extra}, sort_keys=True)
+                       "blocks": fus["blocks"], **({"head_permutation": True} if fus.get("head_permutation") else {}),
+                       **extra}, sort_keys=True)
 
 
 def fusion_targets(cfg: dict, results: str = "results") -> list[str]:

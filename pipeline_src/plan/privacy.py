@@ -11,6 +11,8 @@ imports no torch; only a study with `privacy.accountant: prv` imports Opacus (an
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from pathlib import Path
 
 from pipeline_src.methods.kinds import kind_of, kinds_where
@@ -280,3 +282,24 @@ def private_evaluation_targets(cfg: dict, results: str) -> list[str]:
                     if n > 1:
                         out.append(f"{base}/{composed}.parquet")
     return out
+
+
+def release_model_files(metrics: list[str], results: str) -> list[str]:
+    """Every DP model file (weights and record) behind the study's DP metrics files: what the
+    `release` rule exports and reports on (an ensemble's are its shards).
+
+    Args:
+        metrics: `private_evaluation_targets(cfg, results)`.
+        results: the results folder.
+    """
+    out = set()
+    for m in metrics:
+        base, name = os.path.split(m.replace(f"{results}/metrics/private/", f"{results}/private/", 1))
+        stem = name.removesuffix(".parquet")
+        if stem == "ensemble":
+            n = int(re.search(r"n(\d+)_s\d+$", base).group(1))
+            names = [f"shard{i}" for i in range(n)]
+        else:
+            names = [stem]
+        out.update(f"{base}/{s}.{ext}" for s in names for ext in ("safetensors", "json"))
+    return sorted(out)

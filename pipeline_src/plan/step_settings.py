@@ -69,6 +69,11 @@ def _private_training(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
             *(f"privacy.{k}" for k in DP_SETTINGS), *paper, *jvp)
 
 
+def _head_permutation(cfg: Mapping) -> tuple[str, ...]:
+    """`fusion.head_permutation` where it is on (off, the settings stay as before it existed: nothing reruns)."""
+    return ("fusion.head_permutation",) if cfg.get("fusion", {}).get("head_permutation") else ()
+
+
 # Rule -> the config keys its step reads (dotted paths; `{wildcard}` is the job's value), or a
 # function of (config, wildcards) giving them. A rule listed here is converted: its step reads
 # its settings only (every rule with a step is: tests/plan/test_step_settings.py).
@@ -77,6 +82,7 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "forget_manifest": (),
     "compose": ("compose_weights",),
     "compose_private": (),
+    "release": (),  # the DP models' records and metrics are its inputs
     "prepare": ("dataset", "seed"),
     "baseline_pixel_logreg": (*LABELS, "seed"),  # reads the target images only (their split is prepare's)
     "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans", "dataset.pretrain_pool"),
@@ -94,8 +100,8 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "train_vectorized": _TRAINING,  # one rule per method, N and seed: `{method}` is passed in as a wildcard
     "fusion_train": _TRAINING,
     "last_grid": (*_TRAINING, "dataset.source", "last_grid"),  # the grid's points vary the base method
-    "fusion_match": (*LABELS, "fusion.blocks", "fusion.match_ffn"),
-    "fuse": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn",
+    "fusion_match": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn", *_head_permutation(cfg)),
+    "fuse": lambda cfg, w: (*LABELS, "fusion.blocks", "fusion.match_ffn", *_head_permutation(cfg),
                             *{"fisher": ("fusion.fisher_samples",), "regmean": ("fusion.regmean_alpha",)}.get(
                                 w["fusion"], ())),
     # the unlearning and ablation studies (steps/forget/, steps/ablation.py): training as the train step

@@ -12,6 +12,7 @@ RULE_STEPS = {
     "validate_private": "privacy.evaluate", "select_private": "select",
     "fusion_train": "fusion.train", "fusion_match": "fusion.match", "fuse": "fusion.fuse",
     "train_private": "privacy.train", "compose_private": "privacy.compose", "evaluate_private": "privacy.evaluate",
+    "release": "privacy.release",
     "forget_manifest": "forget.manifest", "unlearn_drop": "forget.drop", "unlearn_retrain": "forget.retrain",
     "unlearn_paragon": "forget.paragon", "unlearn_paragon_nonlinear": "forget.paragon",
 }

@@ -45,7 +45,7 @@ from pipeline_src.taft.jvp_layers import (
     primal_grad_enabled,
     tangent_grad,
 )
-from pipeline_src.vit.digest import state_digest
+from pipeline_src.vit.digest import module_config, state_digest
 
 _SUPPORTED_POOLS = ("token", "avg")
 _CLS_RESET_STD = 0.02
@@ -331,10 +331,12 @@ class TangentViT(nn.Module):
 
     def linearization_id(self) -> str:
         """Digest of everything fixing the linearization point: the frozen prefix, the base
-        weights of the linearized part (after any reset) and the TAFT settings."""
+        weights of the linearized part (after any reset), the TAFT settings and the
+        architecture's configuration (`module_config`: activation, LayerNorm eps, attention
+        scale, ...; equal weights under another configuration are another function)."""
         delta_names = {n for n, _ in self.named_delta_parameters()}
         base = {n: v for n, v in self.state_dict().items() if n not in delta_names}
         meta = {"k": self.k, "depth": self.depth, "reset": self.reset, "reset_seed": self.reset_seed,
-                "reset_cls": self.reset_cls, "jvp_only": self.jvp_only}
+                "reset_cls": self.reset_cls, "jvp_only": self.jvp_only, "architecture": module_config(self)}
         return hashlib.sha256((state_digest(base) + json.dumps(meta, sort_keys=True)).encode()).hexdigest()
 

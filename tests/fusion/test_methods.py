@@ -149,7 +149,7 @@ def test_matching_then_fusion_recovers_symmetric_copy():
     x = images(3, 4)
     with torch.no_grad():
         torch.testing.assert_close(b(x), a(x))
-    matched = match_to_anchor(sd_a, sd_b, num_heads=4)
+    matched = match_to_anchor(sd_a, sd_b, num_heads=4, plain_attention=True)
     data = [(images(6, 5), None), (images(6, 6), None)]
     for method in ("soup", "fisher", "regmean"):
         assert_sd_close(fuse(method, [sd_a, matched], model=a, data=data, batch_size=3), sd_a, 1e-6)

@@ -3,6 +3,7 @@ a parameter-free q_norm/k_norm or attention-output norm leaves no state-dict key
 matching such a model silently changes its function (float64, tiny timm ViTs)."""
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import pytest
@@ -36,7 +37,7 @@ def rel_change_after_matching(model: VisionTransformer, anchor: VisionTransforme
     """Relative logit change of `model` once its state dict is matched to `anchor` (with the
     module check when `check`)."""
     matched = match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=4,
-                              model=model if check else None, **kw)
+                              model=model if check else None, plain_attention=not check, **kw)
     with torch.no_grad():
         before = model(x())
         model.load_state_dict(matched)
@@ -106,7 +107,8 @@ def test_a_head_count_other_than_the_models_is_refused_by_name():
     """`num_heads=2` on a 4-head ViT was accepted and changed the logits by 0.47."""
     anchor, model = make(0), make(1)
     assert model.blocks[0].attn.num_heads == 4
-    wrong = match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=2)  # keys alone cannot tell
+    wrong = match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=2,  # keys alone cannot tell
+                            plain_attention=True)
     with torch.no_grad():
         before = model(x())
         model.load_state_dict(wrong)
@@ -116,3 +118,18 @@ def test_a_head_count_other_than_the_models_is_refused_by_name():
     with pytest.raises(ValueError, match=r"'blocks.0.attn' has 4 heads, but matching was asked for num_heads=2"):
         match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=2, model=model)
     match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=4, model=model)
+
+
+def test_without_the_model_matching_is_refused_unless_the_caller_vouches_for_plain_attention():
+    """A parameter-free q/k norm changed the logits by 2.3e-1 when matched from the keys alone."""
+    anchor, model = free_qk_norm(make(0)), free_qk_norm(make(1))
+    with pytest.raises(ValueError, match=r"match_to_anchor: pass the model \(`model=`\).*`plain_attention=True`"):
+        match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=4)
+    match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=4, plain_attention=True)  # vouched
+
+
+@pytest.mark.parametrize("heads", [None, 4.0, "4", True, 0, -4])
+def test_a_head_count_that_is_not_a_positive_int_is_refused_naming_num_heads(heads):
+    anchor, model = make(0), make(1)
+    with pytest.raises(TypeError, match=rf"num_heads must be a positive int, got {re.escape(repr(heads))}"):
+        match_to_anchor(anchor.state_dict(), model.state_dict(), num_heads=heads, model=model)

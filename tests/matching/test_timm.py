@@ -83,7 +83,7 @@ def test_function_preserved(num_heads, qkv_bias, rotation, scaling, head_permuta
     a, b = make_vit(1, num_heads, qkv_bias), make_vit(2, num_heads, qkv_bias)
     x = torch.randn(3, 1, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     matched = match_to_anchor(a.state_dict(), b.state_dict(), num_heads=num_heads, rotation=rotation,
-                              scaling=scaling, head_permutation=head_permutation)
+                              scaling=scaling, head_permutation=head_permutation, plain_attention=True)
     assert parameter_distance(matched, b.state_dict()) > 1e-3  # something changed
     with torch.no_grad():
         ref = b(x)
@@ -100,7 +100,7 @@ def test_recovers_known_transform(num_heads, qkv_bias, head_perm):
     # the construction itself is a symmetry (sanity check of the test)
     assert_close_rel(forward(sd_b, num_heads, qkv_bias, x), forward(sd_a, num_heads, qkv_bias, x), 1e-10)
     assert parameter_distance(sd_a, sd_b) > 1.0
-    matched = match_to_anchor(sd_a, sd_b, num_heads=num_heads, head_permutation=head_perm)
+    matched = match_to_anchor(sd_a, sd_b, num_heads=num_heads, head_permutation=head_perm, plain_attention=True)
     for k in sd_a:
         assert_close_rel(matched[k], sd_a[k])
 
@@ -112,7 +112,7 @@ def test_rotation_not_farther_than_permutation(num_heads, qkv_bias):
         sd_b = make_vit(20 + seed, num_heads, qkv_bias).state_dict()
         keys = matched_keys(sd_a)
         for hp in (False, True):
-            opts = dict(num_heads=num_heads, head_permutation=hp)
+            opts = dict(num_heads=num_heads, head_permutation=hp, plain_attention=True)
             d_none = parameter_distance(sd_a, sd_b, keys)
             d_perm = parameter_distance(sd_a, match_to_anchor(sd_a, sd_b, rotation=False, scaling=False, **opts), keys)
             d_rot = parameter_distance(sd_a, match_to_anchor(sd_a, sd_b, rotation=True, scaling=False, **opts), keys)
@@ -124,24 +124,24 @@ def test_rotation_not_farther_than_permutation(num_heads, qkv_bias):
 def test_block_subset_and_parts():
     a, b = make_vit(4, 4, True), make_vit(5, 4, True)
     sd_a, sd_b = a.state_dict(), b.state_dict()
-    out = match_to_anchor(sd_a, sd_b, num_heads=4, blocks=[1], ffn=False)
+    out = match_to_anchor(sd_a, sd_b, num_heads=4, blocks=[1], ffn=False, plain_attention=True)
     for k in sd_b:
         touched = k in {"blocks.1.attn.qkv.weight", "blocks.1.attn.qkv.bias", "blocks.1.attn.proj.weight"}
         assert (out[k] is sd_b[k]) != touched, k
     x = torch.randn(2, 1, 16, 16, dtype=torch.float64)
     with torch.no_grad():
         assert_close_rel(forward(out, 4, True, x), b(x))
-    serial, threaded = (match_to_anchor(sd_a, sd_b, num_heads=4, workers=w) for w in (1, 2))
+    serial, threaded = (match_to_anchor(sd_a, sd_b, num_heads=4, workers=w, plain_attention=True) for w in (1, 2))
     for k in serial:
         assert torch.equal(serial[k], threaded[k]), k
-    out = match_to_anchor(sd_a, sd_b, num_heads=4, attention=False)
+    out = match_to_anchor(sd_a, sd_b, num_heads=4, attention=False, plain_attention=True)
     assert out["blocks.0.attn.qkv.weight"] is sd_b["blocks.0.attn.qkv.weight"]
     assert out["blocks.0.mlp.fc1.weight"] is not sd_b["blocks.0.mlp.fc1.weight"]
 
 
 def test_match_many_anchor_unchanged():
     sds = [make_vit(s, 4, True).state_dict() for s in (30, 31, 32)]
-    out = match_many(sds[0], sds, num_heads=4, head_permutation=True)
+    out = match_many(sds[0], sds, num_heads=4, head_permutation=True, plain_attention=True)
     assert len(out) == 3
     for k in sds[0]:
         torch.testing.assert_close(out[0][k], sds[0][k], rtol=1e-9, atol=1e-9)
@@ -150,14 +150,14 @@ def test_match_many_anchor_unchanged():
 def test_unsupported_raise():
     a = make_vit(6, 4, True, qk_norm=True)
     with pytest.raises(ValueError, match="q_norm"):
-        match_to_anchor(a.state_dict(), a.state_dict(), num_heads=4)
+        match_to_anchor(a.state_dict(), a.state_dict(), num_heads=4, plain_attention=True)
     sd = make_vit(6, 4, True).state_dict()
     with pytest.raises(ValueError, match=r"blocks \[5\]"):
-        match_to_anchor(sd, sd, num_heads=4, blocks=[5])
+        match_to_anchor(sd, sd, num_heads=4, blocks=[5], plain_attention=True)
     with pytest.raises(ValueError, match="num_heads"):
-        match_to_anchor(sd, sd, num_heads=3)
+        match_to_anchor(sd, sd, num_heads=3, plain_attention=True)
     with pytest.raises(ValueError, match="no 'vit.blocks"):
-        match_to_anchor(sd, sd, num_heads=4, prefix="vit.")
+        match_to_anchor(sd, sd, num_heads=4, prefix="vit.", plain_attention=True)
     sd_nb = make_vit(6, 4, False).state_dict()
     with pytest.raises(ValueError, match="qkv.bias"):
         match_to_anchor(sd, sd_nb, num_heads=4)
@@ -176,15 +176,15 @@ def test_wide_ffn_sparse_path_recovers_and_threads_agree(monkeypatch):
     sd_a = a.state_dict()
     assert sd_a["blocks.0.mlp.fc1.weight"].shape[0] == 512
     sd_b = transform_known(sd_a, 4, seed=8)
-    matched = match_to_anchor(sd_a, sd_b, num_heads=4)
+    matched = match_to_anchor(sd_a, sd_b, num_heads=4, plain_attention=True)
     for k in sd_a:
         assert_close_rel(matched[k], sd_a[k])
     sd_c = make_vit(41, 4, True, mlp_ratio=16.0).state_dict()
-    serial, threaded = (match_to_anchor(sd_a, sd_c, num_heads=4, workers=w) for w in (1, 3))
+    serial, threaded = (match_to_anchor(sd_a, sd_c, num_heads=4, workers=w, plain_attention=True) for w in (1, 3))
     for k in serial:
         assert torch.equal(serial[k], threaded[k]), k
     monkeypatch.setattr(match_models, "ffn_permutation", partial(ffn_permutation, candidates=None))  # scipy dense
-    dense = match_to_anchor(sd_a, sd_c, num_heads=4, workers=1)
+    dense = match_to_anchor(sd_a, sd_c, num_heads=4, workers=1, plain_attention=True)
     for k in serial:
         assert torch.equal(serial[k], dense[k]), k
 

@@ -175,3 +175,55 @@ def test_targets_cover_every_method_shard_count_and_matching_only_when_enabled()
     assert len(targets) == 2 * 2 * (1 + 1)  # methods nlft-1 and last; matchings none, rotation; soup
     assert "results/metrics/fuse/shared/last/n2_s0/rotation/soup.parquet" in targets
     assert fusion_targets(study_config(enabled=False)) == []
+
+
+def _permute_heads(state: dict, blocks: list[int], heads: int, perm: list[int]) -> dict:
+    """`state` with the attention heads of `blocks` reordered by `perm` (the same function)."""
+    out = dict(state)
+    for b in blocks:
+        qkv, proj = state[f"blocks.{b}.attn.qkv.weight"], state[f"blocks.{b}.attn.proj.weight"]
+        d = proj.shape[1] // heads
+        rows = torch.cat([torch.arange(t * heads * d + h * d, t * heads * d + (h + 1) * d)
+                          for t in range(3) for h in perm])
+        out[f"blocks.{b}.attn.qkv.weight"] = qkv[rows]
+        if f"blocks.{b}.attn.qkv.bias" in state:
+            out[f"blocks.{b}.attn.qkv.bias"] = state[f"blocks.{b}.attn.qkv.bias"][rows]
+        out[f"blocks.{b}.attn.proj.weight"] = proj[:, torch.cat([torch.arange(h * d, (h + 1) * d) for h in perm])]
+    return out
+
+
+@pytest.mark.parametrize("matching", ["rotation", "rotation-scaling"])
+def test_fusion_head_permutation_recovers_models_whose_heads_are_permuted(matching):
+    """`fusion.head_permutation`: without it, within-head matching leaves models whose heads are
+    permuted far apart; with it they are matched back to the anchor."""
+    model = shard_model(METHODS["nlft"], 0)
+    anchor = model.trainable_state()
+    permuted = _permute_heads(anchor, [0, 1], 4, [2, 0, 3, 1])
+    x = images()
+    template = copy.deepcopy(model)
+    with torch.no_grad():
+        torch.testing.assert_close(logits_from(template, permuted, template.prefix(x)), model(x))  # same function
+    kw = dict(matching=matching, kind="nlft", num_heads=4, blocks=[0, 1], ffn=False, model=model)
+    keys = matchable_keys(anchor, "nlft", [0, 1], ffn=False)
+    scale = parameter_distance(anchor, {k: torch.zeros_like(v) for k, v in anchor.items()}, keys)
+    within = parameter_distance(anchor, match_state(anchor, permuted, **kw), keys) / scale
+    across = parameter_distance(anchor, match_state(anchor, permuted, head_permutation=True, **kw), keys) / scale
+    assert within > 0.1 and across < 1e-9, (within, across)
+
+
+def test_fusion_head_permutation_is_a_config_key_of_the_match_and_fuse_settings():
+    from pipeline_src.plan.config import validate_config
+    from pipeline_src.plan.fusion import variant
+    from pipeline_src.plan.step_settings import settings_for
+    from tests.e2e.conftest import tiny_config
+
+    cfg = tiny_config()
+    off = validate_config(copy.deepcopy(cfg))
+    assert off["fusion"]["head_permutation"] is False
+    assert "head_permutation" not in settings_for("fusion_match", off)["fusion"]  # default: nothing reruns
+    cfg["fusion"]["head_permutation"] = True
+    on = validate_config(cfg)
+    for rule in ("fusion_match", "fuse"):
+        assert settings_for(rule, on, {"fusion": "soup"})["fusion"]["head_permutation"] is True
+    assert '"head_permutation": true' in variant(on, "shared", "rotation")
+    assert "head_permutation" not in variant(off, "shared", "rotation")

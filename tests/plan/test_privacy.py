@@ -139,3 +139,14 @@ def test_paper_protocol_jobs_settings_and_method_config():
     cfg["privacy"]["epsilons"] = [0.05]
     with pytest.raises(ConfigError, match=r"privacy.epsilons\[0\].*50 steps at sampling rate 1"):
         check(cfg)
+
+
+def test_release_model_files_are_the_models_behind_each_dp_metrics_file():
+    from pipeline_src.plan.privacy import release_model_files
+
+    base = "results/metrics/private/ours/last/fc/eps8"
+    got = release_model_files([f"{base}/n1_s0/shard0.parquet", f"{base}/n2_s0/ensemble.parquet",
+                               "results/metrics/private/ours/taft-1/fc/eps8/n2_s0/soup.parquet"], "results")
+    want = ["results/private/ours/last/fc/eps8/n1_s0/shard0", "results/private/ours/last/fc/eps8/n2_s0/shard0",
+            "results/private/ours/last/fc/eps8/n2_s0/shard1", "results/private/ours/taft-1/fc/eps8/n2_s0/soup"]
+    assert got == sorted(f"{w}.{e}" for w in want for e in ("safetensors", "json"))

@@ -90,6 +90,20 @@ if workflow.is_main_process:
 
     workflow.execute = _execute_named
 
+if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from now on (plan/private_workspace.py)
+    from pipeline_src.plan.private_workspace import owner_only_umask, tighten
+
+    owner_only_umask()
+    if workflow.is_main_process:  # once per run, not again in each job's parse
+        tighten([R, ".snakemake"])
+
+    # Snakemake writes its job metadata 0660 whatever the umask: close it when the run ends.
+    onsuccess:
+        tighten([".snakemake"])
+
+    onerror:
+        tighten([".snakemake"])
+
 
 onstart:
     # Jobs killed between write and rename leave temporary files: remove those whose writer is

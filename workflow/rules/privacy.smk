@@ -4,7 +4,12 @@
 # full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS
 # (common.smk) when privacy.enabled, so `report` (and `all`) build them; `snakemake privacy` builds
 # them alone. The input, params and signature functions are in common.smk.
-from pipeline_src.plan.privacy import PROTOCOLS, private_evaluation_targets, target_epsilon
+from pipeline_src.plan.privacy import (
+    PROTOCOLS,
+    private_evaluation_targets,
+    release_model_files,
+    target_epsilon,
+)
 
 
 wildcard_constraints:
@@ -22,6 +27,26 @@ if config["privacy"]["enabled"]:
 rule privacy:
     input:
         PRIVATE_METRICS_ALL,
+
+
+# The releasable folder of a DP study (docs/privacy.md): the exported DP models and a DP-only
+# report (Table 3 rows, ε, δ, σ, q, steps, C), nothing that counts images, times jobs or depends on
+# non-DP training. `results/report/` is private workspace.
+rule release:
+    input:
+        metrics=PRIVATE_METRICS_ALL,
+        models=release_model_files(PRIVATE_METRICS_ALL, R),
+        backbone=f"{R}/pretrain/model.safetensors",
+    output:
+        release=directory(f"{R}/release"),
+    log:
+        f"{R}/logs/release/release.log",
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        settings=step_settings("release"),
+    script:
+        "../scripts/step.py"
 
 
 rule train_private:

@@ -63,7 +63,8 @@ def main(args: StepArgs) -> None:
     for i, state in enumerate(states):
         t0 = time.perf_counter()
         matched.append(dict(state) if i == 0 else match_state(anchor, state, matching=matching, kind=kind,
-                                                             num_heads=heads, blocks=blocks, ffn=ffn, model=template))
+                                                             num_heads=heads, blocks=blocks, ffn=ffn, model=template,
+                                                             head_permutation=fus.get("head_permutation", False)))
         seconds.append(time.perf_counter() - t0)
     # One pass over the test split, a batch at a time, for every model before and after matching.
     eval_batch = args.runtime["eval_batch_size"]

@@ -11,7 +11,6 @@ shard's ids go to the private provenance store (`private_provenance`), reference
 """
 from __future__ import annotations
 
-import os
 import time
 
 from pipeline_src.dp import InfeasibleBudget, train_private
@@ -44,9 +43,6 @@ def main(args: StepArgs) -> None:
     method = cfg["methods"][name]
     method_cfg = dp_method_config(method, protocol,
                                   cfg["privacy"]["jvp_only"] if jvp_only_applies(method, protocol) else None)
-    # the manifest names this DP model's members: owner-only, even when a non-DP study wrote it
-    # first (chmod keeps its mtime, so nothing downstream reruns)
-    os.chmod(args.input.manifest, 0o600)
     job = load_job(args, method_cfg)  # seeds the job, loads the backbone and the samples store
     model = job.new_model()  # the same head init as the non-private study, and in every shard
     t0 = time.perf_counter()
