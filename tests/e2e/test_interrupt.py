@@ -205,7 +205,7 @@ def test_a_killed_forcerun_loses_nothing_after_the_readme_recovery(tmp_path, tin
         time.sleep(0.1)
     lost = [f for f in before if not (killed / f).exists()]
     assert lost, "the kill came after the forced jobs had rebuilt their files"
-    killed_writer(results_of(killed) / "compose" / "regmean.parquet")  # a kill between write and rename
+    killed_writer(results_of(killed, "tiny") / "compose" / "regmean.parquet")  # a kill between write and rename
 
     for args in recovery_commands():
         proc = run(killed, *args, env=env)
@@ -219,7 +219,7 @@ def test_a_killed_forcerun_loses_nothing_after_the_readme_recovery(tmp_path, tin
             with safe_open(str(killed / f), "pt") as st:
                 for k in st.keys():
                     st.get_tensor(k)
-    assert not list((results_of(killed)).rglob("*.tmp"))
+    assert not list(results_of(killed, "tiny").rglob("*.tmp"))
     proc = run(killed, "-n", "--cores", "2", *study, env=env)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
@@ -227,8 +227,8 @@ def test_a_killed_forcerun_loses_nothing_after_the_readme_recovery(tmp_path, tin
 def test_temp_files_of_killed_writers_go_even_when_no_job_starts(tmp_path, tiny_study):
     killed = copy_study(tiny_study, tmp_path / "done", parts=None)
     (killed / "my_study.yaml").write_text((tiny_study / "config.yaml").read_text())
-    killed_writer(results_of(killed) / "compose" / "regmean.parquet")
-    assert list((results_of(killed)).rglob("*.tmp"))
+    killed_writer(results_of(killed, "tiny") / "compose" / "regmean.parquet")
+    assert list(results_of(killed, "tiny").rglob("*.tmp"))
     proc = run(killed, "--cores", "2", "--configfile", "my_study.yaml", env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
-    assert not list((results_of(killed)).rglob("*.tmp"))
+    assert not list(results_of(killed, "tiny").rglob("*.tmp"))
