@@ -37,19 +37,30 @@ def pool_class_names(pool_cfg: dict, order: list[str], class_names: list[str]) -
     """
     if pool_cfg.get("classes") is None:
         return set(order)
+    return named_classes(pool_cfg["classes"], order, class_names, "dataset.pretrain_pool.classes")
+
+
+def named_classes(classes: list, order: list[str], class_names: list[str], key: str) -> set[str]:
+    """Class names of a config list: a name as given; an integer is a label, named by `class_names`
+    when the source has names (idx), else its own string (digits, a folder "3").
+
+    Args:
+        classes: the config's list.
+        order: the dataset's classes in label order.
+        class_names: `dataset.class_names` (idx) or [].
+        key: the config key, named in errors.
+    """
     out = set()
-    for c in pool_cfg["classes"]:
+    for c in classes:
         if isinstance(c, int) and class_names:
             if not 0 <= c < len(class_names):
-                raise ValueError(f"config key 'dataset.pretrain_pool.classes': label {c} is not one of "
-                                 f"0..{len(class_names) - 1}")
+                raise ValueError(f"config key '{key}': label {c} is not one of 0..{len(class_names) - 1}")
             out.add(class_names[c])
         else:
             out.add(str(c))
     unknown = out - set(order)
     if unknown:
-        raise ValueError(f"config key 'dataset.pretrain_pool.classes': classes {sorted(unknown)} not in the dataset "
-                         f"(classes: {order})")
+        raise ValueError(f"config key '{key}': classes {sorted(unknown)} not in the dataset (classes: {order})")
     return out
 
 

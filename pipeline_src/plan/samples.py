@@ -30,7 +30,7 @@ import pyarrow as pa
 from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_splits
 from pipeline_src.plan.idx_files import list_idx
 from pipeline_src.plan.image_check import drop_corrupt, refuse_corrupt
-from pipeline_src.plan.pretrain_pool import check_disjoint, draw_pool, pool_class_names
+from pipeline_src.plan.pretrain_pool import check_disjoint, draw_pool, named_classes, pool_class_names
 from pipeline_src.plan.sharding import keyed_unit
 
 SAMPLES_SCHEMA = pa.schema([
@@ -91,20 +91,8 @@ def _class_order(names: list[str]) -> list[str]:
 def source_class_names(dataset_cfg: dict, order: list[str]) -> set[str]:
     """The names of `dataset.source_classes`: a name as given; an integer is a label, named by
     `dataset.class_names` when the source has names (idx), else its own string (digits, a folder "3")."""
-    names = dataset_cfg.get("class_names") or []
-    out = set()
-    for c in dataset_cfg["source_classes"]:
-        if isinstance(c, int) and names:
-            if not 0 <= c < len(names):
-                raise ValueError(f"config key 'dataset.source_classes': label {c} is not one of 0..{len(names) - 1}")
-            out.add(names[c])
-        else:
-            out.add(str(c))
-    unknown = out - set(order)
-    if unknown:
-        raise ValueError(f"config key 'dataset.source_classes': classes {sorted(unknown)} not in the dataset "
-                         f"(classes: {order})")
-    return out
+    return named_classes(dataset_cfg["source_classes"], order, dataset_cfg.get("class_names") or [],
+                         "dataset.source_classes")
 
 
 def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> SampleList:

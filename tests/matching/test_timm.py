@@ -160,7 +160,7 @@ def test_unsupported_raise():
         match_to_anchor(sd, sd, num_heads=4, prefix="vit.", plain_attention=True)
     sd_nb = make_vit(6, 4, False).state_dict()
     with pytest.raises(ValueError, match="qkv.bias"):
-        match_to_anchor(sd, sd_nb, num_heads=4)
+        match_to_anchor(sd, sd_nb, num_heads=4, plain_attention=True)
 
 
 def test_wide_ffn_sparse_path_recovers_and_threads_agree(monkeypatch):
