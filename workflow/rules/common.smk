@@ -75,7 +75,7 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
     for _line in check_cache_budget(config):
         logger.info(_line)
 
-R = study_results(config["experiment"])  # results/<experiment>: every rule builds its paths from R
+R = _study_root  # results/<experiment>, named before validation (which refuses a bad name): every rule builds its paths from R
 
 if workflow.is_main_process:
     # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given), so
