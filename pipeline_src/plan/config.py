@@ -28,6 +28,7 @@ from pipeline_src.plan.last_grid import check_last_grid_config
 from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
 from pipeline_src.plan.search import expand_search
+from pipeline_src.plan.section_seeds import check_section_seeds
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 
@@ -170,7 +171,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         raise ConfigError("config key 'dataset.class_names': only for dataset.source 'idx' (other sources name "
                           "their classes: digits by their digit, image folders by their folder or label)")
     kind_keys = _cached_schema()["properties"]["methods"]["x-kind-keys"]
-    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule"}
+    shared = {"kind", "epochs", "batch_size", "lr", "weight_decay", "schedule", "shards"}
     for key, message in schedule_errors(cfg["train"]["schedule"], cfg["train"]["epochs"]):
         raise ConfigError(f"config key '{key}': {message}")
     pretrain = cfg["backbone"]["pretrain"]
@@ -190,6 +191,8 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
             raise ConfigError(f"config key '{key}': {message}")
     _check_augment(cfg)
     # Each study checks its own section and raises ConfigError naming <section>.<key>.
+    check_section_seeds(cfg)
+    _check_method_shards(cfg)
     check_fusion_config(cfg)
     check_last_grid_config(cfg)
     check_ablations_config(cfg)
@@ -206,6 +209,15 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         _check_no_empty_shard(cfg)
         check_cache_budget(cfg)
     check_privacy_config(cfg, n_train, cache_dir)
+
+
+def _check_method_shards(cfg: dict) -> None:
+    """A method's own `shards` are some of the study's. (The fusion and unlearning studies train
+    the shard models they read at their own N, whatever the method's `shards`.)"""
+    for name, method in cfg["methods"].items():
+        extra = sorted(set(method.get("shards", ())) - set(cfg["shards"]))
+        if extra:
+            raise ConfigError(f"config key 'methods.{name}.shards': {extra} not in the study's `shards` {cfg['shards']}")
 
 
 def _check_augment(cfg: dict) -> None:

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from pipeline_src.methods.kinds import is_counterpart, nonlinear_counterpart
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.section_seeds import section_seeds
 from pipeline_src.plan.sharding import shard_manifest
 
 
@@ -299,7 +300,7 @@ def unlearning_targets(cfg: dict, results: str) -> list[str]:
     out = []
     requests = range(study["requests_per_point"])
     for m in study["methods"]:
-        for s in cfg["seeds"]:
+        for s in section_seeds(cfg, "forget.study"):
             for f in study["forget_fractions"]:
                 out += [f"{results}/metrics/unlearn_paragon/{m}/s{s}/f{fraction_tag(f)}_r{j}.parquet" for j in requests]
                 if nonlinear_paragon(cfg, m) is not None:

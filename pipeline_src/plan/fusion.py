@@ -22,6 +22,7 @@ from pipeline_src.methods.kinds import kind_of, kinds_where
 from pipeline_src.methods.kinds import matchable_blocks as blocks_of_kind
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.search import is_variant
+from pipeline_src.plan.section_seeds import section_seeds
 
 MATCHINGS = ("none", "permutation", "rotation", "rotation-scaling")
 INITS = ("shared", "random_reinit")
@@ -102,7 +103,7 @@ def fusion_targets(cfg: dict, results: str = "results") -> list[str]:
     out = []
     for method in fusion_methods(cfg):
         for n in fusion_shards(cfg):
-            for seed in cfg["seeds"]:
+            for seed in section_seeds(cfg, "fusion"):
                 for init in fus["inits"]:
                     base = f"n{n}_s{seed}"
                     for matching in fus["matching"]:

@@ -20,6 +20,7 @@ from pipeline_src.plan.cache import cached, package_version
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.rdp_accountant import INTEGER_ORDERS, LARGEST_SIGMA_TRIED, epsilon
 from pipeline_src.plan.search import is_variant
+from pipeline_src.plan.section_seeds import section_seeds
 
 DP_KINDS = kinds_where("private")
 # Opacus' get_noise_multiplier (and rdp_accountant.noise_multiplier) doubles σ from 20 and gives up
@@ -141,7 +142,7 @@ def shard_sizes(cfg: dict, shards: int) -> list[int]:
     from pipeline_src.plan.sharding import shard_sizes as sizes_of
 
     train = train_ids(samples_table(cfg))
-    return sorted({s for seed in cfg["seeds"] for s in sizes_of(shard_manifest(train, shards, seed), shards)})
+    return sorted({s for seed in section_seeds(cfg, "privacy") for s in sizes_of(shard_manifest(train, shards, seed), shards)})
 
 
 def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path | None = None) -> None:
@@ -276,7 +277,7 @@ def private_evaluation_targets(cfg: dict, results: str) -> list[str]:
         composed = "soup" if kind_of(cfg["methods"][m]).tangent else "ensemble"
         for eps in p["epsilons"]:
             for n in p["shards"]:
-                for s in cfg["seeds"]:
+                for s in section_seeds(cfg, "privacy"):
                     base = f"{results}/metrics/private/{protocol}/{m}/{regime}/eps{epsilon_label(eps)}/n{n}_s{s}"
                     out += [f"{base}/shard{i}.parquet" for i in range(n)]
                     if n > 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pipeline_src.plan.privacy import epsilon_label, privacy_jobs
 from pipeline_src.plan.search import dp_candidates
+from pipeline_src.plan.section_seeds import section_seeds
 
 
 def private_searched(cfg: dict) -> list[str]:
@@ -31,7 +32,7 @@ def private_validation_targets(cfg: dict, results: str, protocol: str, method: s
         for n in cfg["privacy"]["shards"]:
             model = "shard0" if n == 1 else "soup"
             out += [f"{results}/validate_private/{protocol}/{c['name']}/{regime}/eps{eps}/n{n}_s{s}/{model}.parquet"
-                    for s in cfg["seeds"]]
+                    for s in section_seeds(cfg, "privacy")]
     return out
 
 

@@ -180,13 +180,17 @@ def is_variant(cfg: dict, name: str) -> bool:
     return name in (cfg.get("search", {}).get("variants") or {})
 
 
-def variant_shards(cfg: dict, name: str) -> list[int]:
-    """The shard counts a method trains at: a grid point only at the searched ones, a DP search's
-    point at none (only the privacy study trains it)."""
+def method_shards(cfg: dict, name: str) -> list[int]:
+    """The shard counts a method trains at: its own `shards` (default: the study's); a search's grid
+    point only at those of them the search runs at, a DP search's point at none (only the privacy
+    study trains it)."""
+    own = cfg["methods"][name].get("shards")
+    trained = list(cfg["shards"]) if own is None else [n for n in cfg["shards"] if n in own]
     if not is_variant(cfg, name):
-        return list(cfg["shards"])
-    return [] if cfg["search"]["variants"][name].get("dp_only") else search_shards(cfg)
-
+        return trained
+    if cfg["search"]["variants"][name].get("dp_only"):
+        return []
+    return [n for n in search_shards(cfg) if n in trained]
 
 
 def selection_model(cfg: dict, shards: int) -> str | None:
@@ -211,7 +215,7 @@ def validation_targets(cfg: dict, results: str, base: str) -> list[str]:
     with a selection model, and seed (`results/validate/<method>/n<N>_s<seed>/<model>.parquet`)."""
     out = []
     for point in grid(cfg, base):
-        for n in search_shards(cfg):
+        for n in (n for n in search_shards(cfg) if n in method_shards(cfg, point["name"])):
             model = selection_model(cfg, n)
             if model is None:
                 continue

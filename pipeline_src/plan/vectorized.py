@@ -17,6 +17,7 @@ import re
 
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import forgotten_in_shard, shard_members
+from pipeline_src.plan.search import method_shards
 
 DEFAULT = "auto"
 
@@ -69,7 +70,7 @@ def vectorized_jobs(cfg: dict) -> list[tuple[str, int, int, list[int]]]:
     `seeds`), one per (method, N, seed) with at least one untouched shard."""
     out = []
     for method in cfg["methods"]:
-        for n in cfg["shards"]:
+        for n in method_shards(cfg, method):
             for seed in cfg["seeds"]:
                 trained = vectorized_shards(cfg, method, n, seed)
                 if trained:

@@ -113,10 +113,30 @@ def test_the_privacy_study_searches_pt_for_its_taft_methods():
     assert private_validation_targets(cfg, "R", "ours", "taft-1", "fc", "8") == [
         "R/validate_private/ours/taft-1/fc/eps8/n1_s0/shard0.parquet",
         "R/validate_private/ours/taft-1_dp_ptF/fc/eps8/n1_s0/shard0.parquet"]
-    from pipeline_src.plan.search import variant_shards
-    assert variant_shards(cfg, "taft-1_dp_ptF") == []  # only the privacy study trains it
+    from pipeline_src.plan.search import method_shards
+    assert method_shards(cfg, "taft-1_dp_ptF") == []  # only the privacy study trains it
     again = validate_config(cfg, count_samples=False)
     assert again["privacy"]["methods"] == cfg["privacy"]["methods"] and again["methods"] == cfg["methods"]
     # PT = T only (the method's own): no point, no selection
     cfg["search"]["privacy_pt"] = [True]
     assert "taft-1_dp_ptF" not in validate_config(cfg, count_samples=False)["methods"]
+
+
+def test_a_method_trains_and_is_searched_at_its_own_shards_only():
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["methods"]["scratch"] = {"kind": "full", "init": "random", "shards": [1]}
+    cfg["search"] = {"enabled": True, "methods": ["scratch", "fc"], "shards": [1, 2]}
+    cfg = validate_config(cfg, count_samples=False)
+    from pipeline_src.plan.search import method_shards
+
+    assert method_shards(cfg, "scratch") == method_shards(cfg, "scratch_lr1e-4") == [1]
+    assert method_shards(cfg, "fc_lr1e-4") == [1, 2] and method_shards(cfg, "fc") == cfg["shards"]
+    assert {p.split("/")[-2] for p in validation_targets(cfg, "r", "scratch")} == {"n1_s0"}
+    assert {p.split("/")[-2] for p in validation_targets(cfg, "r", "fc")} == {"n1_s0", "n2_s0"}
+
+
+def test_a_methods_shards_are_some_of_the_studys():
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["methods"]["nlft-1"]["shards"] = [1, 7]
+    with pytest.raises(ConfigError, match=r"'methods\.nlft-1\.shards': \[7\] not in the study's"):
+        validate_config(cfg, count_samples=False)

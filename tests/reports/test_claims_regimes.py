@@ -120,3 +120,23 @@ def test_dp_claims_use_the_pt_the_dp_search_selected(tmp_path):
     claim = claims_of(results, tmp_path / "r")["DP TAFT ≥ DP NLFT, ε = 8 (ours protocol)"]
     assert claim["this study's figure"] == "taft-1 vs nlft-1: fc: 40.0 % vs 50.0 % (-10.0 pts)"
     assert claim["holds"] == "no"
+
+
+def test_table1_lists_every_method_in_the_papers_order_with_the_seeds_spread(tmp_path):
+    """FC, NLFT, TAFT, full, LAST, then the references that need no pretraining; mean and sample
+    sd of the per-seed accuracies."""
+    from pipeline_src.reports.report import taft_table1
+    from pipeline_src.store.results_db import connect
+
+    rows = _seeded({"taft-1": [0.80, 0.82, 0.84], "last": [0.7, 0.7, 0.7], "fc": [0.6, 0.6, 0.6],
+                    "nlft-1": [0.81, 0.81, 0.81]})
+    rows += [{**row("scratch", "shard", 1, 0.75), "kind": "full"}, {**row("pixel-logreg", "shard", 1, 0.73),
+                                                                   "kind": "baseline"}]
+    rows.append(row("taft-1", "soup", 10, 0.5))  # not a full-data model
+    (tmp_path / "t").mkdir()
+    with open(taft_table1(connect(write_study(tmp_path, rows)), tmp_path / "t")[1]) as f:
+        table = list(csv.DictReader(f))
+    assert [r["method"] for r in table] == ["fc", "nlft-1", "taft-1", "scratch", "last", "pixel-logreg"]
+    taft = table[2]
+    assert float(taft["accuracy"]) == pytest.approx(0.82) and float(taft["sd"]) == pytest.approx(0.02)
+    assert taft["seeds"] == "3" and table[-1]["seeds"] == "1" and table[-1]["sd"] == ""

@@ -24,7 +24,7 @@ from pipeline_src.plan.environment import warn_on_lock_drift
 from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
-from pipeline_src.plan.search import variant_shards
+from pipeline_src.plan.search import method_shards
 from pipeline_src.plan.step_settings import settings_for
 from pipeline_src.plan.vectorized import train_method_constraint, vectorized_jobs
 
@@ -270,7 +270,7 @@ def evaluation_targets():
     and seed in one file, and the soup's for N > 1."""
     out = []
     for m in METHODS:
-        for n in variant_shards(config, m):  # a search's grid point: only where the search runs
+        for n in method_shards(config, m):  # its own `shards`; a search's grid point: where the search runs
             for s in SEEDS:
                 base = f"{R}/metrics/evaluate/{m}/n{n}_s{s}"
                 out.append(f"{base}/shards.parquet")
