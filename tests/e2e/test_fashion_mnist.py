@@ -9,7 +9,9 @@ The study file is run as it is, with a second config file merged over it (Snakem
   `backbone.pretrain.epochs: 1`; `privacy.epochs: 1`, `privacy.paper.epochs: 2`);
 - fewer shards (`shards: [1, 2]`, the unlearning and fusion studies at N = 2, one removed
   shard and one forget fraction), since 300 training images cannot fill 50 shards, and one
-  DP budget (ε = 8): 161 jobs, against 249 with N = 5 and three budgets.
+  DP budget (ε = 8);
+- one seed (every section), and the validation search at N = 1 and 2 for nlft-1 and taft-1 only
+  (the paper's grid for each: 2 and 8 points, and the DP search's PT).
 Everything else (methods, their kinds and protocols, the studies and their settings) is the
 study file's. Skips without the package (the message names it); fails instead when
 PIPELINE_REQUIRE_FASHION_MNIST=1 (CI).
@@ -36,7 +38,9 @@ SMALL = {
     "forget": {"study": {"shards": [2], "removed_shards": [1], "requests_per_point": 1, "forget_fractions": [0.1]}},
     "fusion": {"shards": [2]},
     "privacy": {"epochs": 1, "paper": {"epochs": 2}, "public_train_size": 300,  # 60 x 5 classes, declared
-                "epsilons": [8]},
+                "epsilons": [8], "seeds": [0]},
+    "seeds": [0],
+    "search": {"methods": ["nlft-1", "taft-1"], "shards": [1, 2]},
 }
 
 
@@ -62,9 +66,11 @@ def test_every_rule_of_the_study_ran_on_real_data(fashion_study):
     logs = {p.relative_to(results / "logs").parts[0] for p in (results / "logs").rglob("*.log")}
     rules = ("prepare", "pretrain", "features", "train", "compose", "evaluate", "fusion_train", "fusion_match",
              "fuse", "train_private", "evaluate_private", "forget_manifest", "unlearn_drop", "unlearn_retrain",
-             "unlearn_paragon", "unlearn_paragon_nonlinear", "report")
+             "unlearn_paragon", "unlearn_paragon_nonlinear", "validate", "select", "validate_private",
+             "select_private", "baselines", "report")
     assert set(rules) <= logs, f"no job of rules {sorted(set(rules) - logs)} ran"
-    for method in study["methods"]:
-        assert (results / "train" / method / "n2_s0" / "shard1.safetensors").is_file()
+    for method, cfg in study["methods"].items():
+        n = max(cfg.get("shards", [2]))  # full, scratch, nlft-2, taft-2: N = 1 only
+        assert (results / "train" / method / f"n{n}_s0" / f"shard{n - 1}.safetensors").is_file()
     assert (results / "report" / "table1_methods.md").is_file()
     print(f"Fashion-MNIST subset study: {seconds:.0f} s")  # the budget: <= 180 s on an idle 2-core machine
