@@ -68,7 +68,7 @@ WITH per_seed AS (
     SELECT method, any_value(kind) AS kind, seed, avg(value) AS accuracy
     FROM metrics_selected
     WHERE metric = 'accuracy' AND split = 'test' AND shards = 1 AND model = 'shard' AND kind <> 'pretrain'
-      AND variant IS NULL
+      AND (variant IS NULL OR kind = 'baseline')  -- a reference's variant records its own choice (pixel-logreg: C)
     GROUP BY method, seed)
 SELECT method, avg(accuracy) AS accuracy, stddev_samp(accuracy) AS sd, count(*) AS seeds, any_value(kind) AS kind
 FROM per_seed

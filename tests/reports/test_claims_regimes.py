@@ -131,7 +131,7 @@ def test_table1_lists_every_method_in_the_papers_order_with_the_seeds_spread(tmp
     rows = _seeded({"taft-1": [0.80, 0.82, 0.84], "last": [0.7, 0.7, 0.7], "fc": [0.6, 0.6, 0.6],
                     "nlft-1": [0.81, 0.81, 0.81]})
     rows += [{**row("scratch", "shard", 1, 0.75), "kind": "full"}, {**row("pixel-logreg", "shard", 1, 0.73),
-                                                                   "kind": "baseline"}]
+                                                                   "kind": "baseline", "variant": '{"C": 0.1}'}]
     rows.append(row("taft-1", "soup", 10, 0.5))  # not a full-data model
     (tmp_path / "t").mkdir()
     with open(taft_table1(connect(write_study(tmp_path, rows)), tmp_path / "t")[1]) as f:
