@@ -130,10 +130,10 @@ def retrain_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def privacy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, regime, protocol, epsilon, accuracy of the DP models at N = 1 (the selected PT where
     the study ran the DP search)."""
-    return _private_selected(con, _query(con, "metrics", PRIVACY_SQL))
+    return private_selected(con, _query(con, "metrics", PRIVACY_SQL))
 
 
-def _private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.DataFrame:
+def private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.DataFrame:
     """DP rows as the DP search selected them: per protocol, searched method, regime and ε, the
     selected PT point's rows under the method's name; the other point's rows left out."""
     if rows.empty or "private_selection" not in _views(con):
@@ -149,7 +149,7 @@ def _private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.
 
 def privacy_seed_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, regime, protocol, epsilon, seed, accuracy: `privacy_rows` before the mean over seeds."""
-    return _private_selected(con, _query(con, "metrics", PRIVACY_SEED_SQL))
+    return private_selected(con, _query(con, "metrics", PRIVACY_SEED_SQL))
 
 
 def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

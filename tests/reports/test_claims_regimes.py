@@ -120,6 +120,14 @@ def test_dp_claims_use_the_pt_the_dp_search_selected(tmp_path):
     claim = claims_of(results, tmp_path / "r")["DP TAFT ≥ DP NLFT, ε = 8 (ours protocol)"]
     assert claim["this study's figure"] == "taft-1 vs nlft-1: fc: 40.0 % vs 50.0 % (-10.0 pts)"
     assert claim["holds"] == "no"
+    # Table 3 shows the selected PT's test accuracy under taft-1's name, never the other point's
+    from pipeline_src.reports.privacy import privacy_table3
+    from pipeline_src.store.results_db import connect
+
+    (tmp_path / "t3").mkdir()
+    with open(privacy_table3(connect(results), tmp_path / "t3")[1]) as f:
+        table = {r["method"]: float(r["ε=8"]) for r in csv.DictReader(f)}
+    assert table == {"nlft-1": 0.50, "taft-1": 0.40}
 
 
 def test_table1_lists_every_method_in_the_papers_order_with_the_seeds_spread(tmp_path):
