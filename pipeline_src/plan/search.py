@@ -215,7 +215,8 @@ def validation_targets(cfg: dict, results: str, base: str) -> list[str]:
     with a selection model, and seed (`results/validate/<method>/n<N>_s<seed>/<model>.parquet`)."""
     out = []
     for point in grid(cfg, base):
-        for n in (n for n in search_shards(cfg) if n in method_shards(cfg, point["name"])):
+        trained = method_shards(cfg, point["name"])
+        for n in (n for n in search_shards(cfg) if n in trained):
             model = selection_model(cfg, n)
             if model is None:
                 continue

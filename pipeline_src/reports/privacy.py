@@ -69,14 +69,19 @@ def privacy_rows(con: duckdb.DuckDBPyConnection):
     return con.sql(ROWS_SQL).df()
 
 
+def _full_data_rows(con: duckdb.DuckDBPyConnection):
+    """The DP models trained on the whole split (N = 1), the DP search's selected PT only."""
+    df = privacy_rows(con)
+    return private_selected(con, df[(df.N == 1) & (df.model == "shard")])
+
+
 def privacy_table3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Table 3 layout: DP test accuracy, rows method × regime × protocol, columns ε (N = 1); where
     the study searched, the selected points' only (DP: the PT of `private_selection`; the
     non-private column: `metrics_selected`)."""
     if not has_rows(con, "metrics", PRIVACY_ROWS):
         return []
-    df = privacy_rows(con)
-    df = private_selected(con, df[(df.N == 1) & (df.model == "shard")])  # the DP search's PT only
+    df = _full_data_rows(con)
     if df.empty:
         return []
     wide = _wide(df, ["method", "regime", "protocol"])
@@ -108,8 +113,7 @@ def privacy_plot(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Accuracy vs target ε (log scale) for N = 1, one line per method and regime."""
     if not has_rows(con, "metrics", PRIVACY_ROWS):
         return []
-    df = privacy_rows(con)
-    df = private_selected(con, df[(df.N == 1) & (df.model == "shard")]).sort_values("epsilon")
+    df = _full_data_rows(con).sort_values("epsilon")
     if df.empty:
         return []
     styles = ["-", "--", "-.", ":"]

@@ -22,10 +22,11 @@ from pipeline_src.runner.step_args import StepArgs
 JOB_MMAP_THRESHOLD = 4 << 20
 
 
-def job_allocator() -> None:
-    """Pin glibc's mmap threshold at JOB_MMAP_THRESHOLD, unless the user set MALLOC_MMAP_THRESHOLD_."""
+def job_allocator(threshold: int = JOB_MMAP_THRESHOLD) -> None:
+    """Pin glibc's mmap threshold at `threshold` (a step module's `MMAP_THRESHOLD`, else
+    JOB_MMAP_THRESHOLD), unless the user set MALLOC_MMAP_THRESHOLD_."""
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        set_mmap_threshold(JOB_MMAP_THRESHOLD)
+        set_mmap_threshold(threshold)
 
 
 def execute(step: str, args: StepArgs) -> int:
@@ -38,13 +39,14 @@ def execute(step: str, args: StepArgs) -> int:
         os.close(log_fd)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
-    job_allocator()
     from pipeline_src.store import job_counters  # here: the Snakemake client process needs no pyarrow
 
     job_counters.reset()
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        importlib.import_module(f"pipeline_src.steps.{step}").main(args)
+        module = importlib.import_module(f"pipeline_src.steps.{step}")
+        job_allocator(getattr(module, "MMAP_THRESHOLD", JOB_MMAP_THRESHOLD))
+        module.main(args)
         wall = time.perf_counter() - t0
         if args.log:  # images and model FLOPs, for the report's efficiency table
             job_counters.write_counters(args.log[0], args.rule or step, wall)

@@ -5,14 +5,12 @@ trains are its outputs: those no forget request touches (`plan.vectorized`); the
 per-shard jobs."""
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
 
 import torch
 
-from pipeline_src.job.glibc_malloc import set_mmap_threshold
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import taft_options
 from pipeline_src.methods.vectorized import train_shards_vectorized
@@ -34,15 +32,13 @@ def output_shards(models: list[str]) -> list[int]:
 
 
 # The stacked batch holds N x batch rows, so at N >= 25 its activations pass the jobs' 4 MiB mmap
-# threshold (runner/execute.py) and every step maps and unmaps them afresh (page faults). 64 MiB
-# keeps them on the heap: taft-1 at N = 50, 30 images a shard, one epoch 1.32 -> 0.83 s
-# (benchmarks/bench_vectorized_shards.py under MALLOC_MMAP_THRESHOLD_, 2026-11-27).
-VECTORIZED_MMAP_THRESHOLD = 64 << 20
+# threshold (runner/execute.py, which pins this step's instead) and every step maps and unmaps them
+# afresh (page faults). 64 MiB keeps them on the heap: taft-1 at N = 50, 30 images a shard, one
+# epoch 1.32 -> 0.83 s (benchmarks/bench_vectorized_shards.py under MALLOC_MMAP_THRESHOLD_, 2026-11-27).
+MMAP_THRESHOLD = 64 << 20
 
 
 def main(args: StepArgs) -> None:
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # the user's setting wins, as for every job
-        set_mmap_threshold(VECTORIZED_MMAP_THRESHOLD)
     # One rule per method, N and seed: they come as params, not wildcards.
     args.wildcards.update(method=args.params["method"], shards=str(args.params["shards"]),
                           seed=str(args.params["seed"]))
