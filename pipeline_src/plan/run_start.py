@@ -9,7 +9,9 @@
   process ends a run that executed, jobs or not, so a leftover is gone even when nothing is to be done.
 - `killed_rebuilds` lists the files a killed run had deleted to rebuild them (a `--forcerun`, or
   a rerun on changed params): Snakemake rebuilds a missing file only when a job that needs it runs
-  or it is a target, so the Snakefile makes them inputs of the default target `all`.
+  or it is a target, so the Snakefile makes them inputs of the default target `all`. Snakemake
+  deletes a job's old outputs before it marks them incomplete, so `journal_rebuilds` lists them
+  first, in `onstart`, and `at_exit` drops the entries a run that ended (not killed) rebuilt.
 """
 from __future__ import annotations
 
@@ -51,13 +53,53 @@ def _snakemake_keys(folder: Path) -> set[str]:
     return keys
 
 
+REBUILD_JOURNAL = "pipeline_rebuilds.txt"  # in Snakemake's folder: existing outputs a run is about to rebuild
+
+
+def _journal(snakemake_dir: str | Path) -> set[str]:
+    path = Path(snakemake_dir) / REBUILD_JOURNAL
+    return set(path.read_text().splitlines()) if path.is_file() else set()
+
+
+def _write_journal(snakemake_dir: str | Path, files: set[str]) -> None:
+    path = Path(snakemake_dir) / REBUILD_JOURNAL
+    if not files:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(f"{f}\n" for f in sorted(files)))
+    os.replace(tmp, path)
+
+
+def journal_rebuilds(results: str | Path, outputs: list[str], snakemake_dir: str | Path = ".snakemake") -> None:
+    """Before any job starts: record the `outputs` under `results` that exist now, so the next run
+    can tell them from files a user removed if this run is killed after Snakemake deleted them and
+    before it marked them incomplete (`jobs.prepare` deletes, `register` marks, a moment later).
+    Earlier entries still missing stay.
+
+    Args:
+        results: the results folder (`R`); only files under it are kept.
+        outputs: the output files of the jobs this run will run.
+        snakemake_dir: Snakemake's folder in the working directory.
+    """
+    prefix = str(results).rstrip("/") + "/"
+    kept = {f for f in _journal(snakemake_dir) if not os.path.lexists(f)}
+    _write_journal(snakemake_dir, kept | {f for f in outputs if f.startswith(prefix) and os.path.lexists(f)})
+
+
+def settle_journal(snakemake_dir: str | Path = ".snakemake") -> None:
+    """When a run ends (not killed): keep only the journal's entries still missing."""
+    _write_journal(snakemake_dir, {f for f in _journal(snakemake_dir) if not os.path.lexists(f)})
+
+
 def killed_rebuilds(results: str | Path, snakemake_dir: str | Path = ".snakemake") -> list[str]:
     """Files under `results` that a killed run had deleted to rebuild them, sorted.
 
-    Such a file is marked incomplete by Snakemake (its job started and never finished), has a
-    metadata record (a finished job built it before) and is missing. `--rerun-incomplete` skips
-    it, since it looks only at incomplete files that exist, and when the jobs that read it are
-    up to date nothing rebuilds it ("Nothing to be done", the file lost).
+    Such a file is missing and either is in the journal of files a run was about to rebuild
+    (`journal_rebuilds`), or is marked incomplete by Snakemake (its job started and never
+    finished) and has a metadata record (a finished job built it before). `--rerun-incomplete`
+    skips it, since it looks only at incomplete files that exist, and when the jobs that read it
+    are up to date nothing rebuilds it ("Nothing to be done", the file lost).
 
     Args:
         results: the results folder (`R`); only files under it are listed.
@@ -65,17 +107,17 @@ def killed_rebuilds(results: str | Path, snakemake_dir: str | Path = ".snakemake
     """
     smk = Path(snakemake_dir)
     prefix = str(results).rstrip("/") + "/"
+    journal = {f for f in _journal(smk) if f.startswith(prefix)}
     incomplete = {k for k in _snakemake_keys(smk / "incomplete") if k.startswith(prefix)}
-    if not incomplete:
-        return []
-    built = _snakemake_keys(smk / "metadata")
-    return sorted(k for k in incomplete & built if not os.path.lexists(k))
+    if incomplete:
+        journal |= incomplete & _snakemake_keys(smk / "metadata")
+    return sorted(f for f in journal if not os.path.lexists(f))
 
 
 def at_exit(workflow: Any, results: str | Path) -> None:
     """When the main process ends a run that executed (not a dry run, `--lint` or `--unlock`,
-    whether or not a job started): remove killed writers' temporary files and write the held
-    validation cache (`plan/cache.py`).
+    whether or not a job started): remove killed writers' temporary files, settle the rebuild
+    journal and write the held validation cache (`plan/cache.py`).
 
     Args:
         workflow: Snakemake's `workflow` object (its executor is known only after the parse).
@@ -87,6 +129,7 @@ def at_exit(workflow: Any, results: str | Path) -> None:
         if getattr(workflow, "executor_plugin", None) is None or workflow.dryrun:
             return
         clear_killed_temps(results)
+        settle_journal()
         write_held()
 
     atexit.register(_done)

@@ -44,8 +44,10 @@ def execute(step: str, args: StepArgs) -> int:
     job_counters.reset()
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
+        job_allocator()  # before the import: torch's own allocations follow it too
         module = importlib.import_module(f"pipeline_src.steps.{step}")
-        job_allocator(getattr(module, "MMAP_THRESHOLD", JOB_MMAP_THRESHOLD))
+        if getattr(module, "MMAP_THRESHOLD", JOB_MMAP_THRESHOLD) != JOB_MMAP_THRESHOLD:
+            job_allocator(module.MMAP_THRESHOLD)
         module.main(args)
         wall = time.perf_counter() - t0
         if args.log:  # images and model FLOPs, for the report's efficiency table

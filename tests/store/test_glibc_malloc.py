@@ -46,3 +46,17 @@ def test_every_job_pins_it_unless_the_user_set_it(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     execute.execute("no_such_step", StepArgs())
     assert calls == [execute.JOB_MMAP_THRESHOLD]
+
+
+def test_a_step_with_its_own_threshold_gets_it_after_the_default(monkeypatch):
+    from pipeline_src.runner import execute
+    from pipeline_src.runner.step_args import StepArgs
+    from pipeline_src.steps import train_vectorized
+
+    calls = []
+    monkeypatch.setattr(execute, "set_mmap_threshold", calls.append)
+    monkeypatch.setattr(train_vectorized, "main", lambda args: None)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert execute.execute("train_vectorized", StepArgs()) == 0
+    assert calls == [execute.JOB_MMAP_THRESHOLD, train_vectorized.MMAP_THRESHOLD]
+    assert train_vectorized.MMAP_THRESHOLD != execute.JOB_MMAP_THRESHOLD

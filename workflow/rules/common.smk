@@ -108,13 +108,15 @@ if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from no
 onstart:
     # Jobs killed between write and rename leave temporary files: remove those whose writer is
     # gone (plan/run_start.py). Here, holding the run's lock, never in a dry run.
-    from pipeline_src.plan.run_start import clear_killed_temps
+    from pipeline_src.plan.run_start import clear_killed_temps, journal_rebuilds
     from snakemake.logging import logger
     from pipeline_src.plan.cache import write_held
 
     _cleared = clear_killed_temps(R)
     if _cleared:
         logger.info(_cleared)
+    # Outputs about to be deleted and rebuilt: a kill before Snakemake marks them incomplete loses nothing.
+    journal_rebuilds(R, [str(f) for job in workflow.dag.needrun_jobs() for f in job.output])
     write_held()  # the validation cache: a run that starts jobs, never a dry run
 
 
