@@ -2,6 +2,7 @@
 #   make study   install (once) from requirements.lock and run the default study: snakemake --cores $(CORES);
 #                its results land in results/<experiment>/ (docs/studies.md), and it says where
 #   make test    install (once) from requirements.lock, check the lock against pyproject.toml, run the tests
+#                but the `long` ones (within 5 min on 2 cores); make test-long runs those, make test-all both (CI)
 # and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
 #                        then run both regimes: study-fashion-far (studies/fashion_mnist.yaml, the backbone
@@ -30,7 +31,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs clean-results
+.PHONY: test-long test-all claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,8 +71,15 @@ study-fashion-near: install fashion-mnist-data
 	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_near.yaml
 	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_near.yaml)/ (report: report/index.md)"
 
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 test: check-lock
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(PYTEST) -m "not long"
+
+test-long: check-lock
+	$(PYTEST) -m long
+
+test-all: test test-long
 
 $(LOCKENV)/bin/uv:
 	$(PYTHON) -m venv $(LOCKENV)

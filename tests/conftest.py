@@ -91,10 +91,11 @@ def float64_default():
     torch.set_default_dtype(old)
 
 
-# The longest modules first, so that `make test`'s workers (pytest-xdist, one module per worker,
-# taken in collection order with --no-loadscope-reorder) do not end on one long module while the
-# other worker idles. The first one builds the shared tiny study (tests/e2e/conftest.py) while
-# the second runs a module that does not need it. Only the order changes, never what runs.
+# The longest modules first, so that the workers (pytest-xdist, one module per worker, taken in
+# collection order with --no-loadscope-reorder) do not end on one long module while the other
+# worker idles. The first end-to-end module builds the shared tiny study (tests/e2e/conftest.py)
+# while the other worker runs the modules that do not need it (every other end-to-end module
+# comes after those). Only the order changes, never what runs.
 RUN_FIRST = (
     "tests/e2e/test_privacy.py",      # the shared tiny study, then the DP study
     "tests/e2e/test_slurm.py",        # its own study, locally and through Slurm (when a cluster is up)
@@ -102,9 +103,28 @@ RUN_FIRST = (
     "tests/e2e/test_reliability.py",
     "tests/e2e/test_interrupt.py",
     "tests/e2e/test_fusion.py",
+    "tests/e2e/test_workflow.py",     # the first of `make test`: it builds the tiny study
 )
+# `make test` (within 5 min on 2 cores) runs every module but the `long` ones; `make test-long`
+# runs those (CI runs both). The end-to-end modules `make test` keeps: the tiny study with its
+# checks, the golden accuracies, the README's blocks and queries, and the validation search.
+QUICK_E2E = ("test_workflow.py", "test_golden.py", "test_docs_blocks.py", "test_readme_queries.py", "test_search.py")
+LONG = ("tests/steps/test_memory.py",)
+
+
+def is_long(module: str) -> bool:
+    """A module of `make test-long`: every end-to-end module but QUICK_E2E, and LONG."""
+    return module in LONG or (module.startswith("tests/e2e/") and module.rsplit("/", 1)[1] not in QUICK_E2E)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {path: i for i, path in enumerate(RUN_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+    for item in items:
+        if is_long(item.nodeid.split("::")[0]):
+            item.add_marker(pytest.mark.long)
+
+    def order(item) -> int:  # stable: the rest keep their order
+        module = item.nodeid.split("::")[0]
+        return rank.get(module, len(rank) + module.startswith("tests/e2e/"))
+
+    items.sort(key=order)
