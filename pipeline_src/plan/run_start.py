@@ -21,7 +21,7 @@ from base64 import urlsafe_b64decode
 from pathlib import Path
 from typing import Any
 
-from pipeline_src.store.atomic import RUN_OWNER_ENV, remove_stale_temps, run_owner_token
+from pipeline_src.store.atomic import RUN_OWNER_ENV, remove_stale_temps, run_owner_token, write_text
 
 
 def own_run() -> None:
@@ -61,14 +61,16 @@ def _journal(snakemake_dir: str | Path) -> set[str]:
     return set(path.read_text().splitlines()) if path.is_file() else set()
 
 
+def _still_missing(snakemake_dir: str | Path) -> set[str]:
+    return {f for f in _journal(snakemake_dir) if not os.path.lexists(f)}
+
+
 def _write_journal(snakemake_dir: str | Path, files: set[str]) -> None:
     path = Path(snakemake_dir) / REBUILD_JOURNAL
-    if not files:
+    if files:
+        write_text("".join(f"{f}\n" for f in sorted(files)), path)
+    else:
         path.unlink(missing_ok=True)
-        return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(f"{f}\n" for f in sorted(files)))
-    os.replace(tmp, path)
 
 
 def journal_rebuilds(results: str | Path, outputs: list[str], snakemake_dir: str | Path = ".snakemake") -> None:
@@ -83,13 +85,13 @@ def journal_rebuilds(results: str | Path, outputs: list[str], snakemake_dir: str
         snakemake_dir: Snakemake's folder in the working directory.
     """
     prefix = str(results).rstrip("/") + "/"
-    kept = {f for f in _journal(snakemake_dir) if not os.path.lexists(f)}
-    _write_journal(snakemake_dir, kept | {f for f in outputs if f.startswith(prefix) and os.path.lexists(f)})
+    existing = {f for f in outputs if f.startswith(prefix) and os.path.lexists(f)}
+    _write_journal(snakemake_dir, _still_missing(snakemake_dir) | existing)
 
 
 def settle_journal(snakemake_dir: str | Path = ".snakemake") -> None:
     """When a run ends (not killed): keep only the journal's entries still missing."""
-    _write_journal(snakemake_dir, {f for f in _journal(snakemake_dir) if not os.path.lexists(f)})
+    _write_journal(snakemake_dir, _still_missing(snakemake_dir))
 
 
 def killed_rebuilds(results: str | Path, snakemake_dir: str | Path = ".snakemake") -> list[str]:
