@@ -52,7 +52,9 @@ def fit(
     """
     if len(inputs) == 0:
         raise ValueError(f"{desc}: no training samples")
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    # foreach: one op over all tensors instead of the CPU default's loop per tensor. Bit for bit the
+    # same; full fine-tuning's epoch 2 % faster on one CPU thread (interleaved A/B, 2026-11-27).
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
     gen = torch.Generator().manual_seed(seed)
     steps_per_epoch = -(-len(inputs) // batch_size)
     t0 = time.perf_counter()
