@@ -34,6 +34,9 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
 
     warn_on_lock_drift(logger, f"{workflow.basedir}/requirements.lock")
     own_run()  # jobs inherit it: one whose Snakemake was killed stops and writes nothing
+    from pipeline_src.plan.scheduler_timers import keep_one_reevaluation_timer
+
+    keep_one_reevaluation_timer()  # Snakemake's own CPU no longer grows with jobs done x run length
 
 from pipeline_src.plan.studies import old_layout_error, slurm_jobname_prefix, study_results
 
