@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,7 +35,7 @@ from torch.utils._pytree import tree_map  # noqa: E402
 from pipeline_src.job.counters import flop_counter  # noqa: E402
 from pipeline_src.methods.registry import build_tuned_model, get_method, taft_options  # noqa: E402
 from pipeline_src.methods.vectorized import train_shards_vectorized  # noqa: E402
-from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows  # noqa: E402
+from pipeline_src.store.benchmark_rows import benchmark_row, time_median, write_benchmark_rows  # noqa: E402
 from pipeline_src.store.gemm_peak import measure_gemm_peak  # noqa: E402
 from pipeline_src.taft.train import train_tangent_vectorized  # noqa: E402
 
@@ -52,6 +51,10 @@ class TensorSpec(tuple):
     """(shape, stride, dtype) of a recorded op's tensor argument."""
 
 
+def tensor_spec(a):
+    return TensorSpec((tuple(a.shape), tuple(a.stride()), a.dtype)) if isinstance(a, torch.Tensor) else a
+
+
 class ProductRecorder(TorchDispatchMode):
     """Records every counted op that runs (its overload and its arguments, tensors as specs)."""
 
@@ -62,9 +65,7 @@ class ProductRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket in COUNTED:
-            spec = (lambda t: TensorSpec((tuple(t.shape), tuple(t.stride()), t.dtype))
-                    if isinstance(t, torch.Tensor) else t)
-            self.calls.append((func, tree_map(spec, args), tree_map(spec, kwargs)))
+            self.calls.append((func, tree_map(tensor_spec, args), tree_map(tensor_spec, kwargs)))
         return func(*args, **kwargs)
 
 
@@ -77,16 +78,6 @@ def replayable(calls: list[tuple]) -> list[tuple]:
                 else torch.empty_strided(shape, stride, dtype=dtype).zero_()
         return a
     return [(f, tree_map(fresh, args), tree_map(fresh, kwargs)) for f, args, kwargs in calls]
-
-
-def median_ms(fn, repeats: int) -> list[float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def epoch_fn(backbone, name: str, feats: torch.Tensor, labels: torch.Tensor, shards: int):
@@ -134,10 +125,11 @@ def run(methods: list[str], samples: int, shard_counts: list[int], repeats: int,
                 for f, args, kwargs in calls:
                     f(*args, **kwargs)
 
+            products()  # warm-up (the epoch's: the two counted epochs above)
             step_ms, product_ms = [], []
             for _ in range(repeats):  # interleaved: both see the same machine load
-                step_ms += median_ms(epoch, 1)
-                product_ms += median_ms(products, 1)
+                step_ms += time_median(epoch, repeats=1, warmup=0)[1]
+                product_ms += time_median(products, repeats=1, warmup=0)[1]
             step, prod = statistics.median(step_ms), statistics.median(product_ms)
             if profile:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
