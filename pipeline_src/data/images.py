@@ -136,7 +136,8 @@ def write_images(samples: SampleList, dataset_cfg: dict, path: str | Path, threa
 
 
 def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
-    """Every image decoded in memory, uint8 (N, C, img_size, img_size): for small datasets and tests."""
+    """Every image decoded in memory, uint8 (N, C, img_size, img_size), C-contiguous: for small
+    datasets and tests."""
     size, chans = dataset_cfg["img_size"], dataset_cfg["in_chans"]
     if dataset_cfg["source"] == "idx":
         blocks = list(_idx_blocks(samples, dataset_cfg, size, chans))
@@ -146,8 +147,10 @@ def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(_digits(size, chans)[rows]))
     if not samples.paths:
         return torch.empty((0, chans, size, size), dtype=torch.uint8)
-    return torch.from_numpy(np.stack([decode_image(p, size, chans, i)
-                                      for p, i in zip(samples.paths, samples.sample_ids)]))
+    # contiguous (N, C, H, W), as `images.npy` stores them: a stack of transposed (H, W, C) decodes
+    # is channels-last in memory, and oneDNN convolves that layout with other roundings
+    return torch.from_numpy(np.ascontiguousarray(np.stack([decode_image(p, size, chans, i)
+                                                           for p, i in zip(samples.paths, samples.sample_ids)])))
 
 
 def to_model_input(images: torch.Tensor, mean: list[float], std: list[float], dtype=torch.float32) -> torch.Tensor:

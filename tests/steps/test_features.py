@@ -1,6 +1,13 @@
 """`prepare` and `features` out of core: a shard's rows read back from the memory-mapped stores
 are exactly what the old whole-dataset path (every image decoded and converted, every feature
-computed in memory, then indexed) gave."""
+computed in memory, then indexed) gave.
+
+The job computes in batches of `BATCH` and the old path in one batch of 18: the same values up to
+float32 rounding, not bit for bit (GEMM and convolution kernels block their sums by the batch's
+shape, and that differs between CPUs). So features are compared at float32's tolerance
+(`torch.testing.assert_close`'s defaults for float32: rtol 1.3e-6, atol 1e-5), and bit-equality is
+asserted only between runs of the same kernels on the same operands; the module runs under
+`tests/rounding_guard.py`, which makes any other bit-equality fail on every CPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +22,8 @@ from pipeline_src.plan.samples import list_samples
 from pipeline_src.steps.features import load_rows
 from pipeline_src.vit.parts import vit_prefix
 from tests.steps.helpers import folder_config, run_features, run_prepare, write_backbone
+
+pytestmark = pytest.mark.rounding_guard
 
 
 @pytest.fixture
@@ -50,7 +59,7 @@ def test_shard_rows_of_a_last_k_cache_equal_the_old_rows(prepared):
     store = SampleStore(results / "prepare" / "samples.parquet")
     rows = list(store.rows(store.ids("target", "train"))[::2])
     old = old_features(cfg, results, lambda b: lambda x: vit_prefix(b, x, len(b.blocks) - 1))
-    assert torch.equal(load_rows(path, rows), old[torch.tensor(rows)])
+    torch.testing.assert_close(load_rows(path, rows), old[torch.tensor(rows)])  # float32's tolerance (module doc)
 
 
 def test_blocks_cache_keeps_only_what_last_reads_and_serves_the_model(prepared):
@@ -65,7 +74,8 @@ def test_blocks_cache_keeps_only_what_last_reads_and_serves_the_model(prepared):
     backbone, _ = load_backbone(results / "pretrain")
     model = build_tuned_model(backbone, cfg["methods"]["last"], 3, 0).eval()
     h = load_rows(path, rows, model)
-    assert model.cache_blocks == [0, 2, 4] and torch.equal(h, old[torch.tensor(rows)][:, [0, 2, 4]])
+    assert model.cache_blocks == [0, 2, 4]
+    torch.testing.assert_close(h, old[torch.tensor(rows)][:, [0, 2, 4]])
     x = to_model_input(store.subset(store.ids("target", "test")).images, [0.5] * 3, [0.25] * 3)
     with torch.no_grad():  # cached and computed prefixes give the same logits
         assert torch.allclose(model.forward_from_prefix(h), model(x), atol=1e-5)
@@ -74,13 +84,15 @@ def test_blocks_cache_keeps_only_what_last_reads_and_serves_the_model(prepared):
 @pytest.mark.parametrize("dtype,tol", [("float16", 2e-3), ("bfloat16", 1.6e-2)])
 def test_half_precision_caches_round_each_value_once(prepared, dtype, tol):
     cfg, results = prepared
+    single = load_rows(run_features(cfg, results, "last1"), list(range(18)))  # the same job in float32
     cfg["features"]["dtype"] = dtype
     path = run_features(cfg, results, "last1")
     old = old_features(cfg, results, lambda b: lambda x: vit_prefix(b, x, len(b.blocks) - 1))
     got = load_rows(path, list(range(18)))
     cast = torch.float16 if dtype == "float16" else torch.bfloat16
-    assert torch.equal(got, old.to(cast).float())
-    assert ((got - old).abs() <= tol * old.abs()).all()  # relative rounding: 2^-11 (fp16), 2^-8 (bf16)
+    assert torch.equal(got, single.to(cast).float())  # one rounding of the job's own float32 values
+    # relative rounding 2^-11 (fp16), 2^-8 (bf16), plus float32's atol for the other batch size
+    assert ((got - old).abs() <= tol * old.abs() + 1e-5).all()
 
 
 def test_blocks_cache_runs_the_backbone_once_per_batch(prepared, monkeypatch):
@@ -95,7 +107,7 @@ def test_blocks_cache_runs_the_backbone_once_per_batch(prepared, monkeypatch):
     path = run_features(cfg, results, "blocks", everys=[1])
     assert len(calls) == 4  # one backbone pass per batch, not one per kept block (5 here)
     old = old_features(cfg, results, lambda b: lambda x: torch.stack(extract_features(b, x, every=1), dim=1))
-    assert torch.equal(load_rows(path, list(range(18))), old)
+    torch.testing.assert_close(load_rows(path, list(range(18))), old)  # batches of 5 against one of 18
 
 
 def test_the_blocks_cache_defaults_to_lasts_own_spacing(prepared):
