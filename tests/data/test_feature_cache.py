@@ -8,6 +8,10 @@ import torch
 from pipeline_src.data import feature_cache
 from pipeline_src.data.feature_cache import FeatureCache, FeatureCacheWriter
 
+# compares results of different paths (batches, caches, threads): bit-equality only where the
+# same kernels see the same operands, checked on any CPU (tests/rounding_guard.py)
+pytestmark = pytest.mark.rounding_guard
+
 
 def write(path, x: torch.Tensor, dtype: str, chunk: int = 7, **meta) -> FeatureCache:
     w = FeatureCacheWriter(path, x.shape, dtype, {"cache": "test", **meta})

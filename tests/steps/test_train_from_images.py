@@ -13,6 +13,10 @@ from pipeline_src.plan.forget import train_ids
 from pipeline_src.plan.sharding import shard_manifest
 from tests.steps.helpers import folder_config, run_features, run_prepare, step_args, write_backbone
 
+# compares results of different paths (batches, caches, threads): bit-equality only where the
+# same kernels see the same operands, checked on any CPU (tests/rounding_guard.py)
+pytestmark = pytest.mark.rounding_guard
+
 METHODS = {"fc": {"kind": "fc"}, "nlft-1": {"kind": "nlft", "k": 1}, "taft-1": {"kind": "taft", "k": 1}}
 
 
