@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from pipeline_src.runner.cpu_threads import set_wait_policy
 from pipeline_src.runner.job_process import EXECUTE, JobExit, reap, resolve
 
 IDLE_SECONDS = 120
@@ -79,6 +80,7 @@ def _recv(sock: socket.socket):
 
 # ----------------------------------------------------------------------------- server
 def serve(path: Path) -> None:
+    set_wait_policy()  # before torch loads libgomp, which reads it once (cpu_threads.py)
     for mod in PRELOAD:
         __import__(mod)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

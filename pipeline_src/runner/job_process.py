@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline_src.runner.cpu_threads import set_wait_policy
+
 PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/job_process.py)
 EXECUTE = "pipeline_src.runner.execute:execute"  # what a job process runs: `execute(step, args)`
 PR_SET_PDEATHSIG = 1
@@ -119,6 +121,7 @@ def _die_with_parent(parent: int) -> None:
 
 def main() -> None:
     """The job process: read the request from stdin, run it, exit normally (shutdown is measured too)."""
+    set_wait_policy()  # before the job imports torch, whose libgomp reads it once (cpu_threads.py)
     request = pickle.loads(sys.stdin.buffer.read())
     _die_with_parent(request["parent"])
     null = os.open(os.devnull, os.O_RDONLY)  # the job's stdin, as a plain script's under Snakemake

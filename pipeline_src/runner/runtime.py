@@ -7,6 +7,8 @@ import random
 import numpy as np
 import torch
 
+from pipeline_src.runner.cpu_threads import job_threads, usable_cpus
+
 
 def resolve_device(setting: str = "auto") -> torch.device:
     """`auto` picks the GPU the job was given (CUDA_VISIBLE_DEVICES), else the CPU."""
@@ -18,9 +20,14 @@ def resolve_device(setting: str = "auto") -> torch.device:
 
 
 def set_up_job(threads: int, seed: int) -> None:
-    """Pin torch to the job's declared threads and seed every generator."""
-    torch.set_num_threads(max(1, threads))
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    """Pin torch to the job's declared threads, no more than the CPUs the process may use
+    (affinity, cgroup quota: `cpu_threads.job_threads`), and seed every generator."""
+    usable = job_threads(threads)
+    if usable < threads:
+        print(f"[threads] {usable} intra-op thread(s), not the declared {threads}: the process may use "
+              f"{usable_cpus()} CPU(s) (affinity, cgroup cpu quota)", flush=True)
+    torch.set_num_threads(usable)
+    os.environ.setdefault("OMP_NUM_THREADS", str(usable))
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

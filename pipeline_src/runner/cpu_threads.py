@@ -1,0 +1,121 @@
+"""How a job's CPU threads behave when the machine is shared (issue 44).
+
+Two things decide whether a 2-thread job slows down in proportion to its CPU share or collapses:
+
+- How OpenMP threads wait at the end of each parallel region. torch's pip wheels use GNU OpenMP
+  (libgomp), whose threads spin ~300,000 times before sleeping. When the partner thread is
+  descheduled by a busy machine, the spinning thread burns its whole time slice waiting, every
+  region, and the job ran 27-45x slower where its share explains ~6x. `OMP_WAIT_POLICY=PASSIVE`
+  makes waiting threads sleep at once, so the CPU goes to the partner (or the other processes).
+  libgomp reads it when it is loaded, so `set_wait_policy` must run before torch is imported:
+  the fork server (`forkserver.serve`) and a job's own process (`job_process.main`) call it first.
+  A value the user set wins.
+- How many intra-op threads run. A job declares `threads:`; a process limited by its CPU affinity
+  (`taskset`, Slurm's binding) or its cgroup's quota (`cpu.max`, containers, Kubernetes limits)
+  to fewer CPUs gets no more threads than it has CPUs (`job_threads`).
+
+`benchmarks/bench_contention.py` measures a 2-thread training epoch beside k busy processes.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+# Read by libgomp (and Intel's OpenMP) at load time; see the module doc.
+WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def set_wait_policy(environ: dict | None = None) -> dict[str, str]:
+    """Set `WAIT_POLICY` in the environment where the user has not set those variables; call it
+    before torch (and so libgomp) is imported.
+
+    Args:
+        environ: the environment to change (default: `os.environ`).
+
+    Returns:
+        the variables this call set.
+    """
+    environ = os.environ if environ is None else environ
+    added = {k: v for k, v in WAIT_POLICY.items() if k not in environ}
+    environ.update(added)
+    return added
+
+
+def _quota_cpus(quota: str, period: str) -> float | None:
+    """CPUs allowed by one cgroup's quota and period (`max` or a negative quota: no limit)."""
+    if quota.strip() in ("max", "") or int(quota) < 0:
+        return None
+    return int(quota) / int(period)
+
+
+def cgroup_cpu_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPUs (a fraction) this process's cgroup quota allows, or None without a quota.
+
+    cgroup v2: the smallest `cpu.max` ("<quota> <period>" or "max <period>") of the process's cgroup
+    and its ancestors up to `root`. cgroup v1: `cpu.cfs_quota_us` / `cpu.cfs_period_us` of its
+    `cpu` controller's cgroup (-1: none). Unreadable files count as no limit.
+
+    Args:
+        proc_cgroup: the process's cgroup membership (`/proc/<pid>/cgroup`).
+        root: where the cgroup file systems are mounted.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # v2: every level from the process's cgroup up to the root
+            folder = root / rel
+            while True:
+                try:
+                    got = _quota_cpus(*(folder / "cpu.max").read_text().split()[:2])
+                except (OSError, ValueError, TypeError):
+                    got = None
+                if got is not None:
+                    limits.append(got)
+                if folder == root or root not in folder.parents:
+                    break
+                folder = folder.parent
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's hierarchy
+            base = root / controllers
+            base = base if base.is_dir() else root / "cpu"
+            try:
+                got = _quota_cpus((base / rel / "cpu.cfs_quota_us").read_text(),
+                                  (base / rel / "cpu.cfs_period_us").read_text())
+            except (OSError, ValueError):
+                got = None
+            if got is not None:
+                limits.append(got)
+    return min(limits) if limits else None
+
+
+def usable_cpus(affinity: set[int] | None = None, quota: float | None = None) -> int:
+    """How many CPUs this process may keep busy: its affinity mask's size, capped by the cgroup
+    quota rounded up (a quota of 1.5 CPUs still lets two threads run), at least 1.
+
+    Args:
+        affinity: the CPUs it may run on (default: `os.sched_getaffinity(0)`).
+        quota: CPUs its cgroup allows (default: `cgroup_cpu_limit()`).
+    """
+    if affinity is None:
+        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    if quota is None:
+        quota = cgroup_cpu_limit()
+    cpus = len(affinity)
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota - 1e-9))
+    return max(1, cpus)
+
+
+def job_threads(declared: int, cpus: int | None = None) -> int:
+    """A job's intra-op threads: its declared `threads`, no more than the CPUs it may use.
+
+    Args:
+        declared: the rule's `threads` (Snakemake's value for this job).
+        cpus: `usable_cpus()` (default: measured now).
+    """
+    return max(1, min(int(declared), usable_cpus() if cpus is None else cpus))
