@@ -6,8 +6,8 @@ depth 4, 4 heads, MLP ratio 2; batch 128) through `methods/training.fit` on rand
 a job runs it: in a fresh process whose OpenMP wait policy is set before torch is imported
 (`runner/cpu_threads.set_wait_policy`, as the fork server and a job's own process do), and with
 `set_up_job(threads)`. Each case's process runs one warm-up epoch, then `--repeats` timed epochs,
-while k processes spin on the CPU (`while True: pass`, one thread each, started before the job and
-stopped after it).
+while k processes spin on the CPU (a Python loop, one thread each, started before the job and
+stopped after it; each stops by itself if this script dies).
 
 Policies (each a fresh job process):
   spin     libgomp's default wait (the variables of `WAIT_POLICY` removed): the jobs before issue 44;
@@ -16,7 +16,8 @@ Policies (each a fresh job process):
 
 Rows go to results/benchmarks/contention.parquet: case `<policy>:k=<k>`, the epoch times (ms),
 sizes with the images, threads, k, the machine's CPUs, the load average before the case, the
-slowdown against the same policy's idle epoch (`slowdown`) and the CPU-share bound it should
+slowdown against the same policy's idle epoch (`slowdown`) and against the spin policy's
+(`vs_spin_idle`, when measured), and the CPU-share bound it should
 track (`share_bound`: (threads + k) / CPUs when that exceeds 1, for a job whose threads all run).
 The machine must be otherwise idle for the figures to mean anything: the row records the load.
 
@@ -68,9 +69,13 @@ def job_epochs(threads: int, images: int, repeats: int) -> None:
                              "env": {k: os.environ.get(k) for k in WAIT_POLICY}}), flush=True)
 
 
+# Spins until stopped, or until this script dies (its parent changes): no busy orphan is left behind
+BUSY = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(10**6):\n        pass\n"
+
+
 def start_busy(k: int) -> list[subprocess.Popen]:
     """k processes that spin on the CPU until stopped."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    return [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(k)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -134,6 +139,8 @@ def main() -> None:
                      "env": got["env"], "share_bound": round(bound, 2)}
             if policy in idle:
                 sizes["slowdown"] = round(median / idle[policy], 2)
+            if "spin" in idle:  # against the idle epoch of the jobs before issue 44
+                sizes["vs_spin_idle"] = round(median / idle["spin"], 2)
             rows.append(benchmark_row("contention", f"{policy}:k={k}", "cpu", sizes,
                                       [t * 1e3 for t in got["epoch_s"]], None,
                                       not_measured="a timing of epochs under CPU contention"))

@@ -39,6 +39,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pipeline_src.runner.stop_run import start_snakemake, stop_snakemake  # noqa: E402
 from pipeline_src.store.atomic import write_parquet  # noqa: E402
 
 STUDIES = {"vitb": "benchmarks/gpu_vitb16.yaml", "fashion": "studies/fashion_mnist.yaml", "tiny": ".test/config.yaml",
@@ -105,18 +106,17 @@ def run_phase(cmd: list[str], log: Path, util_csv: Path, timeout_s: float, env: 
     start = time.perf_counter()
     finished = True
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+        proc = start_snakemake(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             finished = False
-            proc.terminate()  # Snakemake stops its jobs on SIGTERM
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            # SIGINT to the run's process group: its jobs end now (SIGTERM to Snakemake waits for them;
+            # docs/reliability.md); SIGKILL after 60 s, when the orphan guard ends them
+            print(f"{log.name}: stopped after {timeout_s:.0f} s ({stop_snakemake(proc)})", flush=True)
+        except BaseException:  # Ctrl-C of this script, or an error: stop the run too
+            stop_snakemake(proc)
+            raise
     wall = time.perf_counter() - start
     if sampler is not None:
         sampler.terminate()

@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline_src.reports.efficiency import rule_of_log  # noqa: E402
 from pipeline_src.runner.forkserver import PRELOAD  # noqa: E402
+from pipeline_src.runner.stop_run import start_snakemake, stop_snakemake  # noqa: E402
 from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows  # noqa: E402
 from pipeline_src.store.job_rss import RSS_SUFFIX, maxrss_kib, read_job_rss  # noqa: E402
 
@@ -183,11 +184,16 @@ def run_size(label: str, cfg: dict, images: int, sizes: dict, args) -> list[dict
     study.mkdir(parents=True)
     (study / "config.yaml").write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-                           str(study), "--cores", str(args.cores), *args.targets], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "0"})
+    with open(study.parent / "snakemake.log", "w") as log:
+        proc = start_snakemake([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+                                str(study), "--cores", str(args.cores), *args.targets], stdout=log,
+                               stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "0"})
+        try:
+            proc.wait()
+        except BaseException:  # Ctrl-C of this script: its jobs end now too (docs/reliability.md)
+            stop_snakemake(proc)
+            raise
     wall = time.perf_counter() - t0
-    (study.parent / "snakemake.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise SystemExit(f"study {label} failed; see {study.parent / 'snakemake.log'}")
     results = study / "results" / cfg["experiment"]  # the study's folder (pipeline_src/plan/studies.py)

@@ -239,3 +239,49 @@ def test_temp_files_of_killed_writers_go_even_when_no_job_starts(tmp_path, tiny_
     proc = run(killed, "--cores", "2", "--configfile", "my_study.yaml", env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert not list(results_of(killed, "tiny").rglob("*.tmp"))
+
+
+def test_stop_snakemake_ends_a_running_pretrain_now_and_leaves_no_lock(tmp_path):
+    """docs/reliability.md's way to stop a study now (`runner/stop_run.py`, issue 44): SIGINT to the
+    run's process group ends the running job (a pretrain of 2,000 epochs here) within seconds, where
+    Snakemake alone would wait for it; nothing runs or is written afterwards, the lock is gone, and
+    the next run plans the stopped job again."""
+    from pipeline_src.runner.stop_run import start_snakemake, stop_snakemake
+
+    sockets = tmp_path / "sockets"  # a fork server of this test's own
+    sockets.mkdir()
+    study = tmp_path / "study"
+    study.mkdir()
+    cfg = tiny_one_method()
+    cfg["backbone"]["pretrain"]["epochs"] = 2000
+    (study / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
+    smk = start_snakemake([*SNAKEMAKE, "--directory", str(study), "--cores", "2"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = results_of(study, "tiny") / "logs" / "pretrain" / "pretrain.log"
+    try:
+        deadline = time.monotonic() + 300
+        while not (log.exists() and "pretrain" in log.read_text(errors="replace") and processes_in(study)):
+            assert smk.poll() is None and time.monotonic() < deadline, "the run ended before pretrain ran"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        assert stop_snakemake(smk, grace_s=60) == "sigint"
+        assert time.monotonic() - t0 < 30, "Snakemake waited for its job"
+        for _ in range(50):
+            if not processes_in(study):
+                break
+            time.sleep(0.1)
+        assert not processes_in(study), "a job of the stopped run still runs"
+        files = result_files(study)
+        time.sleep(2)
+        assert result_files(study) == files, "a file changed after the run stopped"
+        assert not (results_of(study, "tiny") / "pretrain" / "model.safetensors").exists()
+        assert not list((study / ".snakemake" / "locks").glob("*")), "the lock stays"
+        proc = run(study, "-n", "--cores", "2", env=env)  # the next run just reruns the stopped job
+        assert proc.returncode == 0 and any("pretrain/model.safetensors" in o for o in planned_outputs(proc)), \
+            proc.stderr[-2000:]
+    finally:
+        for pid in processes_in(study):
+            os.kill(pid, signal.SIGKILL)
+        if smk.poll() is None:
+            smk.kill()
