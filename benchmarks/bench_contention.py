@@ -10,9 +10,11 @@ while k processes spin on the CPU (a Python loop, one thread each, started befor
 stopped after it; each stops by itself if this script dies).
 
 Policies (each a fresh job process):
-  spin     libgomp's default wait (the variables of `WAIT_POLICY` removed): the jobs before issue 44;
+  spin     libgomp's default wait (OMP_WAIT_POLICY and GOMP_SPINCOUNT removed): the jobs before issue 44;
   runner   what jobs get now (`cpu_threads.WAIT_POLICY`, unless the user set those variables);
-  one      the runner's policy with a single intra-op thread.
+  one      the runner's policy with a single intra-op thread;
+  passive  OMP_WAIT_POLICY=PASSIVE: waiting threads sleep at once;
+  spincount=N   GOMP_SPINCOUNT=N: they spin N times, then sleep (libgomp's default: 300,000).
 
 Rows go to results/benchmarks/contention.parquet: case `<policy>:k=<k>`, the epoch times (ms),
 sizes with the images, threads, k, the machine's CPUs, the load average before the case, the
@@ -36,11 +38,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline_src.runner.cpu_threads import WAIT_POLICY, set_wait_policy  # noqa: E402  (no torch)
+from pipeline_src.runner.cpu_threads import USER_WAIT, set_wait_policy  # noqa: E402  (no torch)
 
 ARCH = dict(img_size=28, in_chans=1, num_classes=10, patch_size=7, embed_dim=96, depth=4, num_heads=4, mlp_ratio=2.0)
 BATCH = 128
 MARK = "CONTENTION "
+OMP_WAIT = USER_WAIT  # what libgomp's waiting reads
 
 
 def job_epochs(threads: int, images: int, repeats: int) -> None:
@@ -66,7 +69,7 @@ def job_epochs(threads: int, images: int, repeats: int) -> None:
             times.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
     print(MARK + json.dumps({"epoch_s": times, "cpu_s": cpus, "threads": torch.get_num_threads(),
-                             "env": {k: os.environ.get(k) for k in WAIT_POLICY}}), flush=True)
+                             "env": {k: os.environ.get(k) for k in OMP_WAIT}}), flush=True)
 
 
 # Spins until stopped, or until this script dies (its parent changes): no busy orphan is left behind
@@ -87,8 +90,12 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def run_case(policy: str, k: int, images: int, repeats: int, threads: int, timeout_s: float) -> dict:
     """One job process (`policy`) beside k busy processes; its marked line as a dict."""
-    env = {key: v for key, v in os.environ.items() if key not in WAIT_POLICY and key != "OMP_NUM_THREADS"}
-    if policy != "spin":
+    env = {key: v for key, v in os.environ.items() if key not in (*OMP_WAIT, "OMP_NUM_THREADS")}
+    if policy.startswith("spincount="):
+        env["GOMP_SPINCOUNT"] = policy.split("=", 1)[1]
+    elif policy == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif policy != "spin":
         set_wait_policy(env)
     env["PYTHONPATH"] = str(REPO)
     busy = start_busy(k)
@@ -108,7 +115,8 @@ def run_case(policy: str, k: int, images: int, repeats: int, threads: int, timeo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 2, 4], help="numbers of busy processes (0: idle)")
-    parser.add_argument("--policies", nargs="+", default=["spin", "runner", "one"], choices=["spin", "runner", "one"])
+    parser.add_argument("--policies", nargs="+", default=["spin", "runner", "one"],
+                        help="spin, runner, one, passive (OMP_WAIT_POLICY=PASSIVE) or spincount=N (GOMP_SPINCOUNT=N)")
     parser.add_argument("--threads", type=int, default=2, help="the job's declared threads")
     parser.add_argument("--images", type=int, default=2048, help="images an epoch (batch 128)")
     parser.add_argument("--repeats", type=int, default=3, help="timed epochs a case, after one warm-up")
@@ -144,7 +152,7 @@ def main() -> None:
             rows.append(benchmark_row("contention", f"{policy}:k={k}", "cpu", sizes,
                                       [t * 1e3 for t in got["epoch_s"]], None,
                                       not_measured="a timing of epochs under CPU contention"))
-            print(f"{policy:6s} k={k}: epoch {median:.2f} s (cpu {sizes['cpu_s_median']:.2f} s, "
+            print(f"{policy:14s} k={k}: epoch {median:.2f} s (cpu {sizes['cpu_s_median']:.2f} s, "
                   f"{got['threads']} threads), slowdown {sizes.get('slowdown', float('nan')):.2f}x, "
                   f"share bound {bound:.2f}x, load before {load:.2f}", flush=True)
     print("wrote", write_benchmark_rows("contention", rows, args.out_dir))

@@ -3,13 +3,15 @@
 Two things decide whether a 2-thread job slows down in proportion to its CPU share or collapses:
 
 - How OpenMP threads wait at the end of each parallel region. torch's pip wheels use GNU OpenMP
-  (libgomp), whose threads spin ~300,000 times before sleeping. When the partner thread is
-  descheduled by a busy machine, the spinning thread burns its whole time slice waiting, every
-  region, and the job ran 27-45x slower where its share explains ~6x. `OMP_WAIT_POLICY=PASSIVE`
-  makes waiting threads sleep at once, so the CPU goes to the partner (or the other processes).
-  libgomp reads it when it is loaded, so `set_wait_policy` must run before torch is imported:
-  the fork server (`forkserver.serve`) and a job's own process (`job_process.main`) call it first.
-  A value the user set wins.
+  (libgomp), whose idle threads spin 300,000 times before they sleep. When the partner thread is
+  descheduled by a busy machine, the spinning thread burns its time slice waiting, region after
+  region: a pretrain epoch beside 4 busy processes on 2 cores took 33-36x its idle time, where the
+  CPU share explains 3x (`benchmarks/bench_contention.py`, docs/performance.md). Jobs now spin
+  10,000 times (`GOMP_SPINCOUNT`), then sleep: 3.2x. Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`)
+  did best under contention but made the epoch about 4x slower without it (each region then waits
+  for its threads to be woken); 3,000 spins 2-3x slower. libgomp reads these when it is loaded, so
+  `set_wait_policy` must run before torch is imported: the fork server (`forkserver.serve`) and a
+  job's own process (`job_process.main`) call it first. A wait policy or spin count the user set wins.
 - How many intra-op threads run. A job declares `threads:`; a process limited by its CPU affinity
   (`taskset`, Slurm's binding) or its cgroup's quota (`cpu.max`, containers, Kubernetes limits)
   to fewer CPUs gets no more threads than it has CPUs (`job_threads`).
@@ -22,13 +24,14 @@ import math
 import os
 from pathlib import Path
 
-# Read by libgomp (and Intel's OpenMP) at load time; see the module doc.
-WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Read by libgomp at load time; see the module doc.
+WAIT_POLICY = {"GOMP_SPINCOUNT": "10000"}
+USER_WAIT = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # any of these set by the user: theirs, unchanged
 
 
 def set_wait_policy(environ: dict | None = None) -> dict[str, str]:
-    """Set `WAIT_POLICY` in the environment where the user has not set those variables; call it
-    before torch (and so libgomp) is imported.
+    """Set `WAIT_POLICY` in the environment unless the user chose how OpenMP threads wait
+    (`USER_WAIT`); call it before torch (and so libgomp) is imported.
 
     Args:
         environ: the environment to change (default: `os.environ`).
@@ -37,7 +40,7 @@ def set_wait_policy(environ: dict | None = None) -> dict[str, str]:
         the variables this call set.
     """
     environ = os.environ if environ is None else environ
-    added = {k: v for k, v in WAIT_POLICY.items() if k not in environ}
+    added = {} if any(k in environ for k in USER_WAIT) else dict(WAIT_POLICY)
     environ.update(added)
     return added
 

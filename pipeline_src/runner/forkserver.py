@@ -177,6 +177,7 @@ def _child(conn: socket.socket, request: dict) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        set_wait_policy()  # what the server's libgomp runs with, for the processes the job starts
         os.umask(request["umask"])
         # The job's import path first, in its order: its own workflow's package wins.
         sys.path[:] = request["sys_path"] + [p for p in sys.path if p not in request["sys_path"]]

@@ -1,5 +1,5 @@
-"""A job's CPU threads on a shared machine (`runner/cpu_threads.py`, issue 44): the OpenMP wait
-policy set before torch loads, and no more intra-op threads than the CPUs the process may use
+"""A job's CPU threads on a shared machine (`runner/cpu_threads.py`, issue 44): libgomp's spin
+count set before torch loads, and no more intra-op threads than the CPUs the process may use
 (affinity mask, cgroup v1 and v2 quotas, read from real files laid out as the kernel does)."""
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_src.runner.cpu_threads import WAIT_POLICY, cgroup_cpu_limit, job_threads, set_wait_policy, usable_cpus
+from pipeline_src.runner.cpu_threads import (
+    USER_WAIT,
+    WAIT_POLICY,
+    cgroup_cpu_limit,
+    job_threads,
+    set_wait_policy,
+    usable_cpus,
+)
 from pipeline_src.runner.job_process import run_measured
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,10 +62,11 @@ def test_threads_are_capped_by_affinity_and_the_quota_rounded_up():
 
 
 def test_the_users_wait_policy_wins():
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert set_wait_policy(env) == {} and env == {"OMP_WAIT_POLICY": "ACTIVE"}
-    env = {}
-    assert set_wait_policy(env) == WAIT_POLICY and env == WAIT_POLICY
+    for users in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        env = dict(users)
+        assert set_wait_policy(env) == {} and env == users  # a spin count added would override ACTIVE
+    env = {"PATH": "/bin"}
+    assert set_wait_policy(env) == WAIT_POLICY and env == {"PATH": "/bin", **WAIT_POLICY}
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux affinity masks")
@@ -71,11 +79,11 @@ def test_a_job_bound_to_one_cpu_runs_one_thread():
     assert "[threads] 1 intra-op thread(s), not the declared 2" in proc.stdout
 
 
-def test_a_job_process_loads_libgomp_with_the_passive_wait_policy(monkeypatch, capfd):
-    for key in WAIT_POLICY:
+def test_a_job_process_loads_libgomp_with_the_jobs_spin_count(monkeypatch, capfd):
+    for key in USER_WAIT:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("OMP_DISPLAY_ENV", "VERBOSE")  # libgomp prints the values it read when it loads
     done = run_measured("-", None, call="tests.runner.omp_probe:parallel_op")
     assert done.code == 0
     err = capfd.readouterr().err
-    assert "OMP_WAIT_POLICY = 'PASSIVE'" in err and "GOMP_SPINCOUNT = '0'" in err, err[-2000:]
+    assert f"GOMP_SPINCOUNT = '{WAIT_POLICY['GOMP_SPINCOUNT']}'" in err, err[-2000:]
