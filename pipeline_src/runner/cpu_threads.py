@@ -5,9 +5,9 @@ Two things decide whether a 2-thread job slows down in proportion to its CPU sha
 - How OpenMP threads wait at the end of each parallel region. torch's pip wheels use GNU OpenMP
   (libgomp), whose idle threads spin 300,000 times before they sleep. When the partner thread is
   descheduled by a busy machine, the spinning thread burns its time slice waiting, region after
-  region: a pretrain epoch beside 4 busy processes on 2 cores took 33-36x its idle time, where the
+  region: a pretrain epoch beside 4 busy processes on 2 cores took 7.5-36x its idle time, where the
   CPU share explains 3x (`benchmarks/bench_contention.py`, docs/performance.md). Jobs now spin
-  10,000 times (`GOMP_SPINCOUNT`), then sleep: 3.2x. Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`)
+  10,000 times (`GOMP_SPINCOUNT`), then sleep: 3.2-3.9x. Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`)
   did best under contention but made the epoch about 4x slower without it (each region then waits
   for its threads to be woken); 3,000 spins 2-3x slower. libgomp reads these when it is loaded, so
   `set_wait_policy` must run before torch is imported: the fork server (`forkserver.serve`) and a
