@@ -27,7 +27,9 @@ Per-layer rules (module types matched exactly, as Opacus does):
 
 Limits: every module owning trainable parameters must have a rule (else
 `check_bk_supported` names it); each trainable module runs at most once per forward; the
-loss of example i must depend on example i only (no batch statistics).
+loss of example i must depend on example i only (no batch statistics; the first step's probe,
+`first_step_probe`, refuses a module whose rows are not the examples, and a parameter reaching the
+loss outside the records). On the probed step the forward keeps the parameters in the graph.
 """
 from __future__ import annotations
 

@@ -18,9 +18,17 @@ gradient. A parameter that reaches the loss any other way escapes the clip:
   twice (0.0912) escapes it. `foreign_hooks` refuses them (fast and ghost), before wrapping and
   again at every forward.
 
+- a trainable module fed something other than the batch first (no batch dimension, or a table
+  whose first dimension is not B), called with tensor keyword arguments (the records hold
+  positional inputs only), or run with gradients disabled inside a training forward or inside a
+  backward pass (activation checkpointing recomputes it there).
+
 `shared_parameters` and `foreign_hooks` are static checks; `ParameterUseGuard` watches one real
-forward, and `GuardForwards` runs every training forward under one (a parent may start using a
-child's weight at any forward, e.g. from its second on).
+forward, `GuardForwards` runs every training forward under one (a parent may start using a
+child's weight at any forward, e.g. from its second on), and `refuse_calls_in_backward` stays on for
+the whole job. These are the cheap named refusals; what no pattern names (a global hook returning a
+value, a view of a weight made outside the forward, a batch-free table with B rows) is caught by the
+first step's probe (`first_step_probe`).
 """
 from __future__ import annotations
 
@@ -71,9 +79,9 @@ def _hook_ids(m: nn.Module) -> set[tuple[str, int]]:
 
 def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]] = frozenset()) -> None:
     """Refuse forward hooks, pre-hooks and instance-level `forward` overrides on the modules that
-    hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused:
-    FlopCounterMode's module tracker (the job's FLOP counter) registers them; they see a module's
-    output, as any parent may.
+    hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused here:
+    FlopCounterMode's module tracker (the job's FLOP counter) registers them; one that returns a value
+    or uses a weight is caught by the first-step probe (`first_step_probe`).
 
     Args:
         model: the model (before wrapping: every hook on it is foreign).

@@ -15,7 +15,8 @@ PrivacyEngine and Poisson sampling, and four ways of clipping per-example gradie
   per-example gradients first).
 - "hooks": Opacus' per-example gradients (Abadi et al. 2016, DP-SGD).
 "fast" and "ghost" run two backward passes (norms, then the reweighted loss); all four give
-the same clipped sum up to rounding. Used for DP-TAFT (Liu & Soatto 2024, "Tangent
+the same clipped sum up to rounding. Every mode's first step is probed (`first_step_probe`: one
+extra backward of one example's loss; the rebuilt-gradient and batch-attribution checks). Used for DP-TAFT (Liu & Soatto 2024, "Tangent
 Transformers...", §3.4), DP-NLFT and DP-LAST.
 """
 from __future__ import annotations
