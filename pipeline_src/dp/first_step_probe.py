@@ -179,7 +179,7 @@ class FirstStepProbe:
             if call.grad is None:  # not on ℓ_j's path: no gradient
                 continue
             self._check_batch_dim(call, b)
-            for p, (sq, total) in per_example_gradients(call.module, call.activations, call.grad).items():
+            for p, (sq, total) in self._rebuild(call, b, j).items():
                 sq = sq.detach().double().cpu()
                 own[id(p)] = own[id(p)] + sq[j]
                 off[id(p)] = off[id(p)] + sq.sum() - sq[j]
@@ -212,6 +212,25 @@ class FirstStepProbe:
                     f"changes the output or uses the weight, a view of the weight made outside the forward, a use "
                     f"under DisableTorchFunction, an in-place change of the module's input). Remove that path, or "
                     f"freeze the parameter")
+
+    @staticmethod
+    def _rebuild(call: _Call, b: int, j: int) -> dict[nn.Parameter, tuple[torch.Tensor, torch.Tensor]]:
+        """`per_example_gradients` of the call; from row j alone (1/B of the work) when every other
+        row of its output gradient is exactly 0, as it is wherever rows are examples (the rules are
+        linear in g: those rows' gradients are 0 too)."""
+        g, acts = call.grad, call.activations
+        others = torch.cat([g[:j], g[j + 1:]])
+        if others.numel() and bool(others.ne(0).any()) or any(
+                isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != b) for x in acts):
+            return per_example_gradients(call.module, acts, g)
+        row = per_example_gradients(call.module, [x[j:j + 1] if isinstance(x, torch.Tensor) else x for x in acts],
+                                    g[j:j + 1])
+        out = {}
+        for p, (sq, total) in row.items():
+            full = torch.zeros(b, dtype=sq.dtype, device=sq.device)
+            full[j] = sq[0]
+            out[p] = (full, total)
+        return out
 
     def _check_batch_dim(self, call: _Call, b: int) -> None:
         if call.grad.dim() == 0 or call.grad.shape[0] != b:

@@ -133,3 +133,21 @@ def test_a_refusal_states_the_size_of_the_difference():
         module.cleanup()
     m = re.search(r"parameter '0\.weight' .* differs from autograd's by ([0-9.e+-]+)", str(e.value))
     assert m and float(m.group(1)) == pytest.approx(float(auto.norm()) / 2, rel=1e-2), str(e.value)
+
+
+@pytest.mark.parametrize("name", ["linear-tokens-gram", "embedding", "custom-functorch"])
+def test_the_one_row_shortcut_equals_the_full_rebuild(name: str):
+    """Where only row j of the output gradient is non-zero the probe rebuilds from row j alone."""
+    from pipeline_src.dp.first_step_probe import FirstStepProbe, _Call
+
+    module, x = _modules()[name]
+    with torch.no_grad():
+        g = torch.randn_like(module(x))
+    g[[0, 2]] = 0
+    call = _Call(module, [x])
+    call.grad = g
+    short, full = FirstStepProbe._rebuild(call, 3, 1), per_example_gradients(module, [x], g)
+    assert set(short) == set(full)
+    for p, (sq, total) in full.items():
+        torch.testing.assert_close(short[p][0], sq, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(short[p][1], total, rtol=1e-10, atol=1e-12)
