@@ -172,7 +172,7 @@ class FirstStepProbe:
             self._compare(calls, grads, b, j)
 
     def _compare(self, calls: list[_Call], grads: tuple, b: int, j: int) -> None:
-        off = {id(p): torch.zeros((), dtype=torch.float64) for p in self.parameters}  # Σ_{i≠j} ‖∇_p ℓ_j row i‖²
+        off = dict.fromkeys(map(id, self.parameters), 0.0)  # Σ_{i≠j} ‖row i of ∇_p ℓ_j‖², from the records
         own = dict(off)
         rebuilt: dict[int, torch.Tensor] = {}
         for call in calls:
@@ -180,29 +180,30 @@ class FirstStepProbe:
                 continue
             self._check_batch_dim(call, b)
             for p, (sq, total) in self._rebuild(call, b, j).items():
-                sq = sq.detach().double().cpu()
-                own[id(p)] = own[id(p)] + sq[j]
-                off[id(p)] = off[id(p)] + sq.sum() - sq[j]
+                sq = sq.detach().double()
+                mine = float(sq[j])
+                own[id(p)] += mine
+                off[id(p)] += float(sq.sum()) - mine
                 rebuilt[id(p)] = total if id(p) not in rebuilt else rebuilt[id(p)] + total
         auto = {id(p): g for p, g in zip(self.parameters, grads) if g is not None}
-        sq_total = [float(g.double().pow(2).sum()) for g in auto.values()]
-        sq_rebuilt = [float(g.double().pow(2).sum()) for g in rebuilt.values()]
-        scale = max(sum(sq_total), sum(sq_rebuilt)) ** 0.5
+        sq_auto = sum(float(torch.linalg.vector_norm(g)) ** 2 for g in auto.values())
+        sq_rebuilt = sum(float(torch.linalg.vector_norm(g)) ** 2 for g in rebuilt.values())
+        scale = max(sq_auto, sq_rebuilt) ** 0.5
         tol = rtol(self.parameters[0].dtype) * scale
-        worst = max(self.parameters, key=lambda p: float(off[id(p)]))
-        leak = float(off[id(worst)].clamp(min=0)) ** 0.5
+        worst = max(self.parameters, key=lambda p: off[id(p)])
+        leak = max(off[id(worst)], 0.0) ** 0.5
         if leak > tol:
             raise ParameterUseError(
                 f"DP mode {self.mode!r}: batch-attribution probe: with only example {j}'s loss, trainable parameter "
                 f"'{self._names[id(worst)]}' has per-example gradient norm {leak:.3g} on the other {b - 1} rows "
-                f"(example {j}'s own: {float(own[id(worst)]) ** 0.5:.3g}); its module's rows are not the batch's "
+                f"(example {j}'s own: {own[id(worst)] ** 0.5:.3g}); its module's rows are not the batch's "
                 f"examples (a batch-free tensor whose first dimension equals the batch size, or a batch statistic), "
                 f"so each row would be clipped as if it were an example. Apply the module to the batch, or freeze it")
         for p in self.parameters:
             a, r = auto.get(id(p)), rebuilt.get(id(p))
             if a is None and r is None:
                 continue
-            diff = float(((a if a is not None else 0) - (r if r is not None else 0)).double().norm())
+            diff = float(torch.linalg.vector_norm((a if a is not None else 0) - (r if r is not None else 0)))
             if diff > tol:
                 raise ParameterUseError(
                     f"DP mode {self.mode!r}: rebuilt-gradient check: the gradient of trainable parameter "

@@ -181,11 +181,13 @@ class ParameterUseGuard(TorchFunctionMode):
         kwargs = kwargs or {}
         for t in (*args, *kwargs.values()):
             for x in (t if isinstance(t, (list, tuple)) else (t,)):
-                owner = self._owner.get(id(x))
+                owner, view = self._owner.get(id(x)), ""
+                if owner is None and isinstance(x, torch.Tensor) and x._base is not None:
+                    owner, view = self._owner.get(id(x._base)), " through a view"  # `weight.T` made in __init__
                 if owner is not None and not any(m is owner[1] for m in self._running):
                     raise ParameterUseError(
                         f"DP mode {self.mode!r}: trainable parameter '{owner[0]}.{owner[2]}' is used outside its "
-                        f"module's forward (by {getattr(func, '__name__', func)}); its share of each example's "
+                        f"module's forward{view} (by {getattr(func, '__name__', func)}); its share of each example's "
                         f"gradient would escape the clip. Call the module instead, or freeze the parameter")
         return func(*args, **kwargs)
 

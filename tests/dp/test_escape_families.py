@@ -118,7 +118,9 @@ def masked_step(model: nn.Module, mode: str, x, y, i: int, hook_case: str | None
 
 
 # what refuses each case: the first-step probe's two checks, or a named pattern refusal
-REFUSAL = {**dict.fromkeys((*GLOBAL, "init_view", "disable_torch_function"), "rebuilt-gradient check"),
+REFUSAL = {**dict.fromkeys(("global_double", "global_ln_weight", "global_linear", "disable_torch_function"),
+                           "rebuilt-gradient check"),
+           **dict.fromkeys(("init_view", "hook_view"), "used outside its module's forward"),
            "batch_free": "batch-attribution probe", "weight_rows": "batch-attribution probe",
            "batch_free_other": "without a batch dimension", "checkpoint": "runs inside a backward pass",
            "checkpoint_reentrant": "runs with gradients disabled", "keyword": "keyword arguments"}
@@ -145,12 +147,12 @@ def test_each_escape_keeps_the_bound_or_is_refused_by_name(case: str, after_wrap
     assert worst <= C * (1 + 1e-6), f"{mode}/{case}: one example moved the model by {worst:.4f} > C = {C}"
 
 
-@pytest.mark.parametrize("mode,case", [("fast", "global_double"), ("ghost", "init_view"),
+@pytest.mark.parametrize("mode,case", [("fast", "global_double"), ("ghost", "global_linear"),
                                        ("fast", "disable_torch_function"), ("bk", "batch_free"),
                                        ("hooks", "weight_rows")])
 def test_the_escapes_exceed_the_bound_without_the_probe(mode: str, case: str):
     """The measurement above can fail: with the first-step probe disarmed, these exceed C (fast 0.100,
-    ghost 0.0998, fast 0.0998, bk 0.0933, hooks 0.0694 against C = 0.05)."""
+    ghost 0.0749, fast 0.0998, bk 0.0933, hooks 0.0694 against C = 0.05)."""
     x, y = 10 * torch.randn(B, T, D, dtype=F64, generator=torch.Generator().manual_seed(1)), torch.tensor([1, 0, 2])
     worst = 0.0
     for i in range(B):
