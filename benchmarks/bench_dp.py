@@ -7,8 +7,8 @@ private deep learning with fast per-example gradient clipping", Figure 4).
 
 The first-step probe (`pipeline_src/dp/first_step_probe.py`: one extra backward of one example's
 loss and a per-layer rebuild, on a job's first step) is timed with `--probe`: a probed step against a
-plain one of the same mode, interleaved, and its cost as a share of a job of 20 or 80 steps (the
-default study's DP jobs: 10 epochs of ceil(n̄/64) steps, n̄ = 500/N for N = 4 .. 1 shards).
+plain one of the same mode, interleaved, and its cost as a share of a job of 80 steps (the default
+study's DP jobs: 10 epochs of ceil(500/64) steps) or 20 (with privacy.shards [4], n̄ = 125).
 
 Run: python benchmarks/bench_dp.py [--quick] [--device cuda] [--vit-b] [--modes bk,fast] [--clock cpu] [--probe]
 Writes results/benchmarks/bench_dp.parquet and prints ratio tables (DP / non-private).
@@ -159,7 +159,7 @@ def fc_rows(args, device: str) -> list[dict]:
     return rows
 
 
-JOB_STEPS = (20, 80)  # the default study's DP jobs (module docstring)
+JOB_STEPS = (20, 80)  # DP jobs of 4 shards and of the default study's 1 (module docstring)
 
 
 def probe_rows(args, device: str) -> list[dict]:
