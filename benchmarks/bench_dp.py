@@ -5,7 +5,12 @@ Model at Small Cost"), for NLFT regimes on a small ViT and for the fully-connect
 across output dimension and batch size (Lee & Kifer 2021, "Scaling up differentially
 private deep learning with fast per-example gradient clipping", Figure 4).
 
-Run: python benchmarks/bench_dp.py [--quick] [--device cuda] [--vit-b] [--modes bk,fast] [--clock cpu]
+The first-step probe (`pipeline_src/dp/first_step_probe.py`: one extra backward of one example's
+loss and a per-layer rebuild, on a job's first step) is timed with `--probe`: a probed step against a
+plain one of the same mode, interleaved, and its cost as a share of a job of 80 steps (the default
+study's DP jobs: 10 epochs of ceil(500/64) steps) or 20 (with privacy.shards [4], n̄ = 125).
+
+Run: python benchmarks/bench_dp.py [--quick] [--device cuda] [--vit-b] [--modes bk,fast] [--clock cpu] [--probe]
 Writes results/benchmarks/bench_dp.parquet and prints ratio tables (DP / non-private).
 """
 from __future__ import annotations
@@ -49,8 +54,9 @@ class Tail(nn.Module):
         return self.vit.forward_head(self.vit.norm(h))
 
 
-def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str):
-    """A closure doing one optimizer step of `mode` on the fixed batch (x, y)."""
+def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, probe: bool = False):
+    """A closure doing one optimizer step of `mode` on the fixed batch (x, y); the first-step probe
+    runs on the first call only, or (`probe`) on every call."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-3)
     if mode == "nonprivate":
@@ -61,8 +67,10 @@ def make_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str):
         return step
     loader = DataLoader(TensorDataset(x.cpu(), y.cpu()), batch_size=len(x))
     _, module, dp_opt, _ = make_private_model(model, opt, loader, mode=mode, sigma=1.0, max_grad_norm=1.0)
+    first_step_probe = module.probe if mode == "bk" else module.first_step_probe
 
     def dp_step():
+        first_step_probe.armed = first_step_probe.armed or probe
         dp_opt.zero_grad()
         dp_backward(module, dp_opt, F.cross_entropy(module(x), y, reduction="none"), mode)
         dp_opt.step()
@@ -151,6 +159,53 @@ def fc_rows(args, device: str) -> list[dict]:
     return rows
 
 
+JOB_STEPS = (20, 80)  # DP jobs of 4 shards and of the default study's 1 (module docstring)
+
+
+def probe_rows(args, device: str) -> list[dict]:
+    """Probed vs plain steps of each DP mode on the NLFT tail (full and fc regimes, cached features)
+    and the fully-connected case; case `probe-<case>:<mode>:{probed,plain}`."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    cfg = dict(img_size=32, patch_size=4, embed_dim=192, depth=6, num_heads=3)
+    torch.manual_seed(0)
+    vit = VisionTransformer(num_classes=10, **cfg).to(device).requires_grad_(False)
+    b = args.batch
+    h = torch.randn(b, (cfg["img_size"] // cfg["patch_size"]) ** 2 + 1, cfg["embed_dim"], device=device)
+    y = torch.randint(0, 10, (b,), device=device)
+    mlp = nn.Sequential(nn.Linear(args.fc_in, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
+    cases = [(f"nlft-features-{r}", Tail(vit, 1), lambda m, r=r: apply_regime(m, r, nlft_scope(m.vit)), h)
+             for r in ("full", "fc")]
+    cases.append((f"fc-B{b}-p512", mlp, lambda m: None, torch.randn(b, args.fc_in, device=device)))
+    rows = []
+    for case, base, prepare, x in cases:
+        for mode in args.modes[1:]:
+            steps = {}
+            for kind in ("probed", "plain"):
+                model = copy.deepcopy(base)
+                prepare(model)
+                steps[kind] = make_step(model, x, y, mode, probe=kind == "probed")
+            times = {k: [] for k in steps}
+            for _ in range(args.repeats):
+                for kind, fn in steps.items():
+                    if args.clock == "cpu":
+                        if not times[kind]:
+                            fn()
+                        times[kind] += cpu_time_ms(fn)
+                    else:
+                        times[kind] += time_median(fn, repeats=1, warmup=0 if times[kind] else 1, device=device)[1]
+            for kind in steps:
+                sizes = dict(benchmark="probe", case=case, batch=b, mode=mode, probe=kind, clock=args.clock)
+                rows.append(benchmark_row("bench_dp", f"probe-{case}:{mode}:{kind}", device, sizes, times[kind],
+                                          None, not_measured="time only"))
+            t_probe, t_plain = statistics.median(times["probed"]), statistics.median(times["plain"])
+            extra = (t_probe - t_plain) / t_plain
+            print(f"  probe {case:<22} {mode:<6} plain {t_plain:8.2f} ms  probed {t_probe:8.2f} ms  "
+                  f"extra {extra:5.2f} step = " + ", ".join(f"{100 * extra / n:4.1f} % of a {n}-step job"
+                                                           for n in JOB_STEPS), flush=True)
+    return rows
+
+
 def ratio_table(rows: list[dict]) -> str:
     by_case: dict[str, dict[str, dict]] = {}
     for r in rows:
@@ -179,6 +234,7 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES[1:]),
                     help=f"comma-separated DP modes to compare with non-private (default all: {','.join(MODES[1:])})")
     ap.add_argument("--regimes", default=None, help="comma-separated NLFT regimes (default: all; --quick: full,fc)")
+    ap.add_argument("--probe", action="store_true", help="only the first-step probe's cost (probed vs plain steps)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall time, or process CPU time (CPU device with --threads 1 only; steady under load)")
     args = ap.parse_args()
@@ -201,6 +257,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         pin_mmap_threshold()  # RSS follows tensor frees, so peak RSS growth is a fair memory measure
     print(f"device={args.device} threads={torch.get_num_threads()} clock={args.clock}")
+    if args.probe:
+        path = write_benchmark_rows("bench_dp_probe", probe_rows(args, args.device), args.out_dir)
+        print(f"\nwrote probe rows to {path}")
+        return
     rows = nlft_rows(args, args.device) + fc_rows(args, args.device)
     path = write_benchmark_rows("bench_dp", rows, args.out_dir)
     print("\nDP / non-private (time x / peak memory x); goal: <= 1.3x time, <= 1.2x memory")

@@ -27,10 +27,13 @@ Per-layer rules (module types matched exactly, as Opacus does):
 
 Limits: every module owning trainable parameters must have a rule (else
 `check_bk_supported` names it); each trainable module runs at most once per forward; the
-loss of example i must depend on example i only (no batch statistics).
+loss of example i must depend on example i only (no batch statistics; the first step's probe,
+`first_step_probe`, refuses a module whose rows are not the examples, and a parameter reaching the
+loss outside the records). On the probed step the forward keeps the parameters in the graph.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -38,9 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline_src.dp.additive import AdditiveDelta, additive_delta_grad_sample
+from pipeline_src.dp.first_step_probe import FirstStepProbe
 from pipeline_src.dp.module_type_registry import module_type_registrar
 from pipeline_src.dp.norm_samplers import _as_tokens, _layer_norm_types, linear_weight_sq_norm
-from pipeline_src.dp.parameter_use import ParameterUseGuard, shared_parameters
+from pipeline_src.dp.parameter_use import ParameterUseGuard, batch_size_of, refuse_calls_in_backward, shared_parameters
 
 Clip = Callable[[torch.Tensor], dict[nn.Parameter, torch.Tensor]]
 # rule(module, activations, backprops) -> ({param: squared per-example norm (B,)}, clip)
@@ -203,10 +207,10 @@ def check_bk_supported(model: nn.Module) -> None:
 
 class _Record:
     """One trainable layer's call: its inputs, and (after the backward) its norms and clip."""
-    __slots__ = ("module", "activations", "norms", "clip", "batch")
+    __slots__ = ("module", "activations", "norms", "clip", "batch", "passthrough")
 
     def __init__(self, module: nn.Module, activations: list) -> None:
-        self.module, self.activations = module, activations
+        self.module, self.activations, self.passthrough = module, activations, False
         self.norms: dict[nn.Parameter, torch.Tensor] | None = None
         self.clip: Clip | None = None
         self.batch: int | None = None
@@ -226,10 +230,12 @@ class _Tap(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         rec = ctx.record
+        dtype, device = ctx.anchor_like
+        if rec.passthrough:  # the first-step probe's backward: records stay for the clipped one
+            return gy, torch.zeros((), dtype=dtype, device=device), None
         rec.batch = gy.shape[0]
         rec.norms, rec.clip = BK_RULES[type(rec.module)](rec.module, rec.activations, gy)
         rec.activations = None  # the clip closure keeps what it needs
-        dtype, device = ctx.anchor_like
         return gy, torch.zeros((), dtype=dtype, device=device), None
 
 
@@ -268,6 +274,9 @@ class BookKeepingModule(nn.Module):
         self._active = False
         self._checked = False  # has a training forward run under _DirectUseGuard?
         self._handles = [m.register_forward_hook(self._capture) for _, m, _ in self._layers]
+        # after the taps: the probe sees the tapped output, so its output gradient is the tap's
+        self.probe = FirstStepProbe(module, "bk")
+        self._handles += self.probe.handles + refuse_calls_in_backward(module, "bk")
         self.per_sample_gradient_norms: torch.Tensor | None = None
         self.clipping_coef: torch.Tensor | None = None
 
@@ -297,7 +306,9 @@ class BookKeepingModule(nn.Module):
         self._records, self._anchor, self._seen = [], None, set()
         # every training forward (a model may start a foreign use later); built while the trainable
         # parameters still require grad
-        guard = ParameterUseGuard(self._module, mode="bk")
+        guard = ParameterUseGuard(self._module, mode="bk", batch=batch_size_of(args))
+        if self.probe.start():  # the probe compares with autograd's parameter gradient: keep it
+            live = []
         for p in live:  # autograd will not form parameter gradients: BK builds the clipped sum itself
             p.requires_grad_(False)
         self._active = True
@@ -311,6 +322,7 @@ class BookKeepingModule(nn.Module):
         finally:
             if guard is not None:
                 guard.remove()
+            self.probe.stop()
             self._active = False
             for p in live:
                 p.requires_grad_(True)
@@ -333,6 +345,7 @@ class BookKeepingModule(nn.Module):
         if not losses.requires_grad:
             raise ValueError("book-keeping clipping: the losses do not depend on any trainable parameter")
         b = losses.shape[0]
+        self.probe.check(losses, pause=self._pass_through(records))
         torch.autograd.backward(losses.sum(), inputs=[anchor])
         sq = torch.zeros(b, dtype=losses.dtype, device=losses.device)
         for rec in records:
@@ -365,6 +378,18 @@ class BookKeepingModule(nn.Module):
         for p in self.trainable_parameters:
             if p not in done and p.grad is None:
                 p.grad = torch.zeros_like(p)
+
+    @staticmethod
+    @contextmanager
+    def _pass_through(records: list[_Record]):
+        """The taps pass gradients through untouched (the probe's backward)."""
+        for rec in records:
+            rec.passthrough = True
+        try:
+            yield
+        finally:
+            for rec in records:
+                rec.passthrough = False
 
     def cleanup(self) -> None:
         """Remove the hooks; the wrapped model is left as it was."""

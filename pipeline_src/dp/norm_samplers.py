@@ -209,6 +209,31 @@ def check_fast_supported(model: nn.Module) -> None:
                                       f"which overwrites the input its per-example norm needs")
 
 
+def check_opacus_supported(model: nn.Module, mode: str) -> None:
+    """Raise, naming the module, where Opacus' own per-sample gradients ("ghost", "hooks") would
+    crash or record the wrong input: a trainable LayerNorm without a bias (its grad sampler reads
+    `bias.requires_grad`: AttributeError) and an in-place LayerScale (`x.mul_(γ)` overwrites the
+    recorded input: 2·C measured in ghost).
+
+    Args:
+        model: the model about to be wrapped.
+        mode: the DP mode, named in the error.
+    Raises:
+        NotImplementedError: naming the module and the mode.
+    """
+    for name, m in model.named_modules():
+        own = [n for n, p in m.named_parameters(recurse=False) if p.requires_grad]
+        if not own:
+            continue
+        if isinstance(m, nn.LayerNorm) and m.bias is None:
+            raise NotImplementedError(f"DP mode {mode!r}: trainable LayerNorm '{name or '<root>'}' has no bias "
+                                      f"(bias=False), which Opacus' LayerNorm grad sampler needs; use mode='fast' or "
+                                      f"'bk', or freeze it")
+        if type(m) in _layer_scale_types() and getattr(m, "inplace", False):
+            raise NotImplementedError(f"DP mode {mode!r}: LayerScale '{name or '<root>'}' is in-place (inplace=True), "
+                                      f"which overwrites the input its per-example gradient needs")
+
+
 def attach_fast_norm_samplers(hooks: GradSampleHooksFastGradientClipping) -> None:
     """Make one Opacus ghost-clipping wrapper use our samplers (instance-level table that
     shadows the class-level registry; Opacus' own entries stay for other types).

@@ -18,9 +18,17 @@ gradient. A parameter that reaches the loss any other way escapes the clip:
   twice (0.0912) escapes it. `foreign_hooks` refuses them (fast and ghost), before wrapping and
   again at every forward.
 
+- a trainable module fed something other than the batch first (no batch dimension, or a table
+  whose first dimension is not B), called with tensor keyword arguments (the records hold
+  positional inputs only), or run with gradients disabled inside a training forward or inside a
+  backward pass (activation checkpointing recomputes it there).
+
 `shared_parameters` and `foreign_hooks` are static checks; `ParameterUseGuard` watches one real
-forward, and `GuardForwards` runs every training forward under one (a parent may start using a
-child's weight at any forward, e.g. from its second on).
+forward, `GuardForwards` runs every training forward under one (a parent may start using a
+child's weight at any forward, e.g. from its second on), and `refuse_calls_in_backward` stays on for
+the whole job. These are the cheap named refusals; what no pattern names (a global hook returning a
+value, a view of a weight made outside the forward, a batch-free table with B rows) is caught by the
+first step's probe (`first_step_probe`).
 """
 from __future__ import annotations
 
@@ -71,9 +79,9 @@ def _hook_ids(m: nn.Module) -> set[tuple[str, int]]:
 
 def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]] = frozenset()) -> None:
     """Refuse forward hooks, pre-hooks and instance-level `forward` overrides on the modules that
-    hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused:
-    FlopCounterMode's module tracker (the job's FLOP counter) registers them; they see a module's
-    output, as any parent may.
+    hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused here:
+    FlopCounterMode's module tracker (the job's FLOP counter) registers them; one that returns a value
+    or uses a weight is caught by the first-step probe (`first_step_probe`).
 
     Args:
         model: the model (before wrapping: every hook on it is foreign).
@@ -102,6 +110,15 @@ def wrapper_hooks(model: nn.Module) -> set[tuple[int, str, int]]:
     return {(id(m), kind, k) for _, m, _ in trainable_owners(model) for kind, k in _hook_ids(m)}
 
 
+def batch_size_of(args: tuple) -> int | None:
+    """The batch size of a forward's arguments: the first dimension of its first tensor (the first
+    argument, or the first element of a list of batch tensors such as LAST's [z_0..z_m])."""
+    x = args[0] if args else None
+    if isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return x.shape[0] if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+
+
 class ParameterUseGuard(TorchFunctionMode):
     """Fails a forward in which a trainable parameter feeds an op outside its own module's
     forward, or (unless `allow_repeat`) a trainable module runs twice.
@@ -112,11 +129,13 @@ class ParameterUseGuard(TorchFunctionMode):
         model: the unwrapped model (its trainable parameters are fixed here).
         mode: the DP mode, named in errors.
         allow_repeat: accept a trainable module called more than once (Opacus' hooks mode).
+        batch: the forward's batch size (its input's first dimension): a trainable module's input
+            must have it first; None: only inputs without any batch dimension are refused.
     """
 
-    def __init__(self, model: nn.Module, *, mode: str, allow_repeat: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, mode: str, allow_repeat: bool = False, batch: int | None = None) -> None:
         super().__init__()
-        self.mode, self.allow_repeat = mode, allow_repeat
+        self.mode, self.allow_repeat, self.batch = mode, allow_repeat, batch
         layers = trainable_owners(model)
         self._owner = {id(getattr(m, n)): (name or "<root>", m, n) for name, m, own in layers for n in own}
         self._names = {id(m): name or "<root>" for name, m, _ in layers}
@@ -125,16 +144,28 @@ class ParameterUseGuard(TorchFunctionMode):
         self._calls: set[int] = set()
         self._handles = []
         for _, m, _ in layers:
-            self._handles.append(m.register_forward_pre_hook(self._enter))
+            self._handles.append(m.register_forward_pre_hook(self._enter, with_kwargs=True))
             self._handles.append(m.register_forward_hook(self._leave, always_call=True))
 
-    def _enter(self, module: nn.Module, inputs) -> None:
+    def _enter(self, module: nn.Module, inputs: tuple, kwargs: dict) -> None:
+        where = f"trainable parameter '{self._names[id(module)]}.{self._own[id(module)][0]}' ({type(module).__qualname__})"
+        keyword = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        if keyword:  # every mode's hooks record the positional inputs only
+            raise ParameterUseError(
+                f"DP mode {self.mode!r}: {where} is called with tensor keyword arguments {keyword}; the per-example "
+                f"norms record a module's positional inputs only. Call it as module(x)")
+        if not torch.is_grad_enabled():
+            raise ParameterUseError(
+                f"DP mode {self.mode!r}: {where} runs with gradients disabled inside a training forward (torch.no_grad, "
+                f"or activation checkpointing, which recomputes it in the backward pass where no mode's records "
+                f"can follow it). Remove the checkpointing or no_grad around trainable modules")
         x = inputs[0] if inputs else None
-        if isinstance(module, nn.Linear) and isinstance(x, torch.Tensor) and x.dim() < 2:
+        if isinstance(x, torch.Tensor) and (x.dim() == 0 or (isinstance(module, nn.Linear) and x.dim() < 2)
+                                            or (self.batch is not None and x.shape[0] != self.batch)):
             raise ParameterUseError(  # (reading requires_grad here would re-enter __torch_function__)
-                f"DP mode {self.mode!r}: trainable parameter '{self._names[id(module)]}.{self._own[id(module)][0]}' ({type(module).__qualname__}) "
-                f"is applied to an input of shape {tuple(x.shape)}, without a batch dimension; per-example "
-                f"gradients need one example per row. Apply it to the batch")
+                f"DP mode {self.mode!r}: {where} is applied to an input of shape {tuple(x.shape)}, without a batch "
+                f"dimension (the batch has {self.batch} examples, first); per-example gradients need one example "
+                f"per row. Apply it to the batch")
         if id(module) in self._calls and not self.allow_repeat:
             raise ParameterUseError(
                 f"DP mode {self.mode!r}: trainable module '{self._names[id(module)]}' ({type(module).__qualname__}) "
@@ -150,11 +181,13 @@ class ParameterUseGuard(TorchFunctionMode):
         kwargs = kwargs or {}
         for t in (*args, *kwargs.values()):
             for x in (t if isinstance(t, (list, tuple)) else (t,)):
-                owner = self._owner.get(id(x))
+                owner, view = self._owner.get(id(x)), ""
+                if owner is None and isinstance(x, torch.Tensor) and x._base is not None:
+                    owner, view = self._owner.get(id(x._base)), " through a view"  # `weight.T` made in __init__
                 if owner is not None and not any(m is owner[1] for m in self._running):
                     raise ParameterUseError(
                         f"DP mode {self.mode!r}: trainable parameter '{owner[0]}.{owner[2]}' is used outside its "
-                        f"module's forward (by {getattr(func, '__name__', func)}); its share of each example's "
+                        f"module's forward{view} (by {getattr(func, '__name__', func)}); its share of each example's "
                         f"gradient would escape the clip. Call the module instead, or freeze the parameter")
         return func(*args, **kwargs)
 
@@ -171,6 +204,29 @@ class ParameterUseGuard(TorchFunctionMode):
         self._handles = []
 
 
+def refuse_calls_in_backward(model: nn.Module, mode: str) -> list:
+    """Forward pre-hooks, kept for the whole job, that refuse a trainable module run inside a backward
+    pass: activation checkpointing (`torch.utils.checkpoint`, reentrant or not) recomputes a block
+    there, where no mode's records can follow it (Opacus sees the call twice, "Parameter tying is not
+    supported"; book-keeping's taps are missing from the recomputed graph, CheckpointError or a zero
+    gradient).
+
+    Args:
+        model: the unwrapped model.
+        mode: the DP mode, named in errors.
+    Returns:
+        the hook handles (remove them with the wrapper).
+    """
+    def refuse(module: nn.Module, _inputs) -> None:
+        if torch._C._current_graph_task_id() != -1:
+            name = next(n for n, m in model.named_modules() if m is module)
+            raise ParameterUseError(
+                f"DP mode {mode!r}: trainable module '{name or '<root>'}' ({type(module).__qualname__}) runs inside a "
+                f"backward pass (activation checkpointing recomputes it there); its per-example norm cannot follow the "
+                f"recomputation. Remove the checkpointing around trainable modules")
+    return [m.register_forward_pre_hook(refuse) for _, m, _ in trainable_owners(model)]
+
+
 class GuardForwards:
     """Runs every training forward of `wrapper` under a `ParameterUseGuard` of `model` (a model
     may change how it uses a parameter between forwards: a parent can start using a child's
@@ -183,28 +239,35 @@ class GuardForwards:
         mode: the DP mode, named in errors.
         allow_repeat: see `ParameterUseGuard`.
         hooks_from: the hooks the wrapper registered (`wrapper_hooks`); None: no hook check.
+        probe: a `first_step_probe.FirstStepProbe`, started and stopped around each training forward.
     """
 
     def __init__(self, wrapper: nn.Module, model: nn.Module, *, mode: str, allow_repeat: bool = False,
-                 hooks_from: set[tuple[int, str, int]] | None = None) -> None:
+                 hooks_from: set[tuple[int, str, int]] | None = None, probe=None) -> None:
         self._model, self._mode, self._allow_repeat, self._allowed = model, mode, allow_repeat, hooks_from
+        self._probe = probe
         self._guard: ParameterUseGuard | None = None
         self.checked = 0  # training forwards run under the guard
         self._handles = [wrapper.register_forward_pre_hook(self._enter),
                          wrapper.register_forward_hook(self._leave, always_call=True)]
 
-    def _enter(self, wrapper: nn.Module, _inputs) -> None:
+    def _enter(self, wrapper: nn.Module, inputs: tuple) -> None:
         if not (wrapper.training and torch.is_grad_enabled()):
             return
         if self._allowed is not None:
             foreign_hooks(self._model, self._mode, self._allowed)
-        self._guard = ParameterUseGuard(self._model, mode=self._mode, allow_repeat=self._allow_repeat)
+        self._guard = ParameterUseGuard(self._model, mode=self._mode, allow_repeat=self._allow_repeat,
+                                        batch=batch_size_of(inputs))
+        if self._probe is not None:
+            self._probe.start()
         self._guard.__enter__()
 
     def _leave(self, _wrapper: nn.Module, _inputs, _output) -> None:
         if self._guard is None:
             return
         guard, self._guard = self._guard, None
+        if self._probe is not None:
+            self._probe.stop()
         guard.__exit__(None, None, None)
         self.checked += 1
 

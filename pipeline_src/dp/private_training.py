@@ -15,11 +15,13 @@ PrivacyEngine and Poisson sampling, and four ways of clipping per-example gradie
   per-example gradients first).
 - "hooks": Opacus' per-example gradients (Abadi et al. 2016, DP-SGD).
 "fast" and "ghost" run two backward passes (norms, then the reweighted loss); all four give
-the same clipped sum up to rounding. Used for DP-TAFT (Liu & Soatto 2024, "Tangent
+the same clipped sum up to rounding. Every mode's first step is probed (`first_step_probe`: one
+extra backward of one example's loss; the rebuilt-gradient and batch-attribution checks). Used for DP-TAFT (Liu & Soatto 2024, "Tangent
 Transformers...", §3.4), DP-NLFT and DP-LAST.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 import torch
@@ -32,10 +34,17 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
 from pipeline_src.dp.budget import NEIGHBOURING, plan_budget, steps_per_epoch
+from pipeline_src.dp.first_step_probe import FirstStepProbe
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.frozen_modes import train_trainable_only
-from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported
-from pipeline_src.dp.parameter_use import GuardForwards, foreign_hooks, shared_parameters, wrapper_hooks
+from pipeline_src.dp.norm_samplers import attach_fast_norm_samplers, check_fast_supported, check_opacus_supported
+from pipeline_src.dp.parameter_use import (
+    GuardForwards,
+    foreign_hooks,
+    refuse_calls_in_backward,
+    shared_parameters,
+    wrapper_hooks,
+)
 from pipeline_src.dp.secret_randomness import secret_generator
 from pipeline_src.job.counters import counting
 from pipeline_src.job.glibc_malloc import release_freed
@@ -67,12 +76,45 @@ def dp_backward(module: nn.Module, optimizer: torch.optim.Optimizer, losses: tor
     """
     if mode == "bk":
         module.clipped_backward(losses)
-    elif mode in ("fast", "ghost"):
+        return
+    probe = getattr(module, "first_step_probe", None)
+    if probe is not None:  # first step (or new global hooks): one extra backward, Opacus' hooks paused
+        probe.check(losses, pause=_opacus_hooks_paused(module))
+    if mode in ("fast", "ghost"):
         DPTensorFastGradientClipping(module, optimizer, losses, "mean").backward()
     elif mode == "hooks":
         losses.mean().backward()
     else:
         raise ValueError(f"unknown DP mode {mode!r}; choose one of {MODES}")
+
+
+@contextmanager
+def _opacus_hooks_paused(module):
+    module.disable_hooks()
+    try:
+        yield
+    finally:
+        module.enable_hooks()
+
+
+def _watch_opacus_wrapper(module: nn.Module, model: nn.Module, mode: str) -> None:
+    """The guards every training forward of an Opacus wrapper runs under (bk has its own): the
+    parameter-use guard, in fast and ghost the hook re-check, the first-step probe
+    (`first_step_probe`, run by `dp_backward`) and the refusal of calls in a backward pass; all
+    removed by the wrapper's `cleanup`."""
+    probe = FirstStepProbe(model, mode)  # registered after Opacus' hooks: it sees what they see
+    handles = probe.handles + refuse_calls_in_backward(model, mode)
+    guard = GuardForwards(module, model, mode=mode, allow_repeat=mode == "hooks", probe=probe,
+                          hooks_from=wrapper_hooks(model) if mode in ("fast", "ghost") else None)
+    module.first_step_probe = probe
+    opacus_cleanup = module.cleanup
+
+    def cleanup() -> None:
+        for h in handles:
+            h.remove()
+        guard.remove()
+        opacus_cleanup()
+    module.cleanup = cleanup
 
 
 def public_poisson_loader(loader: DataLoader, public_size: int, generator: torch.Generator) -> tuple[DataLoader, float]:
@@ -146,6 +188,8 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
         foreign_hooks(model, mode)
     if mode == "fast":
         check_fast_supported(model)
+    if mode in ("ghost", "hooks"):
+        check_opacus_supported(model, mode)
     if noise_generator is None:
         noise_generator = secret_generator(next(model.parameters()).device)
     if sampler_generator is None:
@@ -171,9 +215,8 @@ def make_private_model(model: nn.Module, optimizer: torch.optim.Optimizer, loade
     if mode == "fast":
         attach_fast_norm_samplers(module)
     # every training forward is watched for parameter use the clip cannot see (bk watches its own),
-    # and in fast and ghost for hooks added since wrapping
-    GuardForwards(module, model, mode=mode, allow_repeat=mode == "hooks",
-                  hooks_from=wrapper_hooks(model) if mode in ("fast", "ghost") else None)
+    # and in fast and ghost for hooks added since wrapping; the first step is probed
+    _watch_opacus_wrapper(module, model, mode)
     return engine, module, dp_opt, dp_loader
 
 

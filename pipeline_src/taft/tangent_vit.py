@@ -214,6 +214,20 @@ class TangentViT(nn.Module):
         except (TypeError, ValueError) as e:
             raise ValueError(f"TAFT: unsupported {name}: {e}") from e
 
+    def train(self, mode: bool = True) -> "TangentViT":
+        """Train or eval mode for the linearized part; the frozen prefix stays in eval mode whatever
+        the caller asks. A prefix in train mode would normalise a BatchNorm stem (timm's
+        `vit_base_mci_224`) by the batch and update its running statistics: the linearization point
+        would move (0.47 in the logits at k = 1) under every caller of `.train()`, not only the DP
+        trainers that correct for it (`dp/frozen_modes.py`).
+
+        Args:
+            mode: True for train mode, False for eval mode (`eval()` calls this).
+        """
+        super().train(mode)
+        self.prefix_net.eval()
+        return self
+
     # ---- forward -----------------------------------------------------------------
     def _check_mode(self) -> None:
         if self.training and self._stochastic:

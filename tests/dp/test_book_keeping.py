@@ -17,6 +17,7 @@ from pipeline_src.dp import (
     nlft_scope,
     train_private,
 )
+from pipeline_src.dp.parameter_use import ParameterUseError
 from pipeline_src.methods.private import per_example_loss, select_trainable
 from pipeline_src.methods.registry import build_tuned_model
 from pipeline_src.vit.parts import FromPrefix
@@ -184,6 +185,12 @@ def test_bk_skips_parameter_gradients_and_unused_params_get_zero():
 
     model = Net().double()
     bk = BookKeepingModule(model, max_grad_norm=1.0)
+    # the first step is probed (`first_step_probe`): its forward keeps the parameters in the graph
+    first = bk(torch.randn(5, 4, dtype=torch.float64))
+    assert any(leaf is model.a.weight for leaf in graph_leaves(first.grad_fn))
+    bk.clipped_backward(ce(first, torch.randint(0, 3, (5,))))
+    assert bk.probe.runs == 1 and not bk.probe.armed
+    model.zero_grad(set_to_none=True)
     out = bk(torch.randn(5, 4, dtype=torch.float64))
     assert all(p.requires_grad for p in model.parameters())
     leaves = graph_leaves(out.grad_fn)  # only BK's anchor: no parameter is in the autograd graph
@@ -250,6 +257,10 @@ def test_bk_rule_registration_and_incomplete_rule():
 
     try:
         bk = BookKeepingModule(Scale2(), max_grad_norm=1.0)
+        out = bk(torch.randn(4, 3, dtype=torch.float64))
+        # the first step's probe sees that the rule rebuilds no gradient for `b`; later steps, the count
+        with pytest.raises(ParameterUseError, match="rebuilt-gradient check: .* parameter 'b' rebuilt"):
+            bk.clipped_backward(out.sum(1))
         out = bk(torch.randn(4, 3, dtype=torch.float64))
         with pytest.raises(RuntimeError, match="scale2_bk.*covered 1 of its 2"):
             bk.clipped_backward(out.sum(1))

@@ -246,3 +246,35 @@ def test_same_weights_under_another_architecture_config_get_another_linearizatio
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert a.linearization_id() != b.linearization_id()
     assert TangentViT(make_base(), 1).linearization_id() == a.linearization_id()  # and stays stable
+
+
+class _TokenBatchNorm(nn.Module):
+    """BatchNorm over the embedding dim of (B, N, D) tokens: a BatchNorm stem in the frozen prefix."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(d, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(x.transpose(1, 2)).transpose(1, 2)
+
+
+def test_train_keeps_the_frozen_prefix_in_eval_mode() -> None:
+    """A BatchNorm stem stays at its running statistics under `.train()`: the linearization point
+    does not move (it did: the batch's statistics and updated running stats)."""
+    torch.manual_seed(0)
+    base = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=2,
+                             num_heads=4).double()
+    base.norm_pre = _TokenBatchNorm(32)
+    with torch.no_grad():
+        base.norm_pre.bn.running_mean.uniform_(-1, 1)
+        base.norm_pre.bn.running_var.uniform_(0.5, 2)
+    model = TangentViT(base.eval(), k=1)
+    x = torch.randn(4, 1, 16, 16, dtype=torch.float64)
+    ident = model.linearization_id()
+    with torch.no_grad():
+        expected = model.eval()(x)
+        got = model.train()(x)
+    assert model.training and model.blocks.training and not any(m.training for m in model.prefix_net.modules())
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # the same ops on the same values
+    assert model.linearization_id() == ident
