@@ -97,7 +97,7 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
         cfg["features"]["cache"] = cfg["device"] != "cuda" or not cfg["train"]["augment"]["enabled"]
     expand_search(cfg)  # the grid points are methods: the checks below see them too
     _check_semantics(cfg, count_samples, cache_dir)
-    if auto_cache and count_samples:  # the shards' sizes are known (and checked) from here on
+    if auto_cache:  # from the shards' sizes (read from the dataset listing, which count_samples has checked)
         resolve_auto_cache(cfg)
     if count_samples:
         check_cache_budget(cfg)
