@@ -153,9 +153,25 @@ def load_images(samples: SampleList, dataset_cfg: dict) -> torch.Tensor:
                                                            for p, i in zip(samples.paths, samples.sample_ids)])))
 
 
-def to_model_input(images: torch.Tensor, mean: list[float], std: list[float], dtype=torch.float32) -> torch.Tensor:
-    """uint8 images (N, C, H, W) → normalised float tensor for the backbone, on their device."""
-    x = images.to(dtype) / 255.0
+def to_model_input(images: torch.Tensor, mean: list[float], std: list[float], dtype=torch.float32,
+                   size: int | None = None) -> torch.Tensor:
+    """uint8 images (N, C, H, W) → normalised float tensor for the backbone, on their device.
+
+    Args:
+        images: uint8 (N, C, H, W), where the model runs (copy them there as uint8: a quarter of
+            float32's bytes over the bus).
+        mean, std: the backbone's normalisation, per channel.
+        dtype: the float dtype computed in.
+        size: the model's input side; images of another side are resized to it here, on their
+            device, as `decode_image` resizes a file at `prepare` (bilinear, antialiased when
+            shrinking, like PIL's), without its rounding to uint8 (tests/data/test_device_input.py
+            compares the two). None: the images' own side.
+    """
+    x = images.to(dtype)
+    if size is not None and tuple(x.shape[-2:]) != (size, size):
+        # (N, C, H, W) -> (N, C, size, size); antialias: PIL's filter support widens when shrinking
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    x = x / 255.0
     mean_t = torch.tensor(mean, dtype=dtype, device=images.device).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=dtype, device=images.device).view(1, -1, 1, 1)
     return (x - mean_t) / std_t

@@ -5,7 +5,9 @@ A model loop wraps each batch in `counting(phase, images, device)`. Every call a
 images to the phase; the first call of a phase in the job runs under PyTorch's
 `FlopCounterMode` (matmuls, convolutions and attention, forward and backward as they run: nothing
 is counted by hand) and gives the phase's FLOPs per image. The FLOPs of a batch do not depend on
-which images it holds, only on their number, so one batch measures them.
+which images it holds, only on their number, so one batch measures them. The same pass notes the
+math mode each counted product ran in (`job/math_mode.py`: its operands' dtype as dispatched, after
+autocast, and TF32's permission), so the efficiency table sets the job against that mode's peak.
 
 Counting observes the ops without changing them: the results are bit-identical with and without.
 """
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 class Phase:
     images: int = 0
     flops_per_image: float | None = None
+    math: str | None = None  # the math mode carrying most of the phase's counted FLOPs
 
 
 PHASES: dict[str, Phase] = {}
@@ -52,7 +55,7 @@ def flop_counter():
     """`FlopCounterMode` that also counts the CPU's fused attention kernels: torch registers its
     SDPA formulas for the CUDA kernels only, so the same formulas are mapped onto the CPU ops."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+    from torch.utils.flop_counter import flop_registry
 
     aten = torch.ops.aten
 
@@ -67,7 +70,46 @@ def flop_counter():
         cpu[aten._scaled_dot_product_flash_attention_for_cpu] = raw(flop_registry[aten._scaled_dot_product_flash_attention])
         cpu[aten._scaled_dot_product_flash_attention_for_cpu_backward] = raw(
             flop_registry[aten._scaled_dot_product_efficient_attention_backward])
-    return FlopCounterMode(display=False, custom_mapping=cpu)
+    return _math_counter_class()(display=False, custom_mapping=cpu)
+
+
+_MATH_COUNTER: list[type] = []
+
+
+def _math_counter_class() -> type:
+    """`FlopCounterMode` that also sums each counted op's FLOPs by its math mode (`flops_by_math`).
+
+    The dispatch mode sees the operands autocast has already cast, so a bfloat16-autocast matmul
+    counts as bfloat16. Built on first use: this module imports no torch at import time."""
+    if _MATH_COUNTER:
+        return _MATH_COUNTER[0]
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pipeline_src.job.math_mode import math_mode, tf32_enabled
+
+    class MathFlopCounter(FlopCounterMode):
+        def __enter__(self):
+            self.flops_by_math: dict[str, int] = {}
+            self._tf32 = tf32_enabled()
+            return super().__enter__()
+
+        def _count_flops(self, func_packet, out, args, kwargs):
+            if func_packet in self.flop_registry:
+                first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+                if first is not None:
+                    mode = math_mode(first.device.type, str(first.dtype).removeprefix("torch."), self._tf32)
+                    flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+                    self.flops_by_math[mode] = self.flops_by_math.get(mode, 0) + flops
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+    _MATH_COUNTER.append(MathFlopCounter)
+    return MathFlopCounter
+
+
+def main_math(flops_by_math: dict[str, float]) -> str | None:
+    """The math mode carrying the most FLOPs (None: nothing counted)."""
+    return max(flops_by_math, key=flops_by_math.get) if flops_by_math else None
 
 
 def count_flops(fn, *args, **kwargs) -> tuple[object, int]:
@@ -97,6 +139,7 @@ def counting(phase: str, images: int, device: torch.device | str | None = None,
         with flop_counter() as counter, measure_first_batch(images if memory else 0):
             yield
         p.flops_per_image = counter.get_total_flops() / images
+        p.math = main_math(counter.flops_by_math)
     else:
         yield
     p.images += images

@@ -29,6 +29,7 @@ from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
 from pipeline_src.plan.search import expand_search
 from pipeline_src.plan.section_seeds import check_section_seeds
+from pipeline_src.plan.vectorized import resolve_auto_cache
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
 
@@ -91,10 +92,15 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     if errors:
         err = errors[0]
         raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
-    if cfg["features"]["cache"] == "auto":  # the prefix is cheaper to recompute than to read on a GPU (schema)
-        cfg["features"]["cache"] = cfg["device"] != "cuda"
+    auto_cache = cfg["features"]["cache"] == "auto"
+    if auto_cache:  # on a GPU provisional: kept only where shards train vectorized (`resolve_auto_cache`)
+        cfg["features"]["cache"] = cfg["device"] != "cuda" or not cfg["train"]["augment"]["enabled"]
     expand_search(cfg)  # the grid points are methods: the checks below see them too
     _check_semantics(cfg, count_samples, cache_dir)
+    if auto_cache:  # from the shards' sizes (read from the dataset listing, which count_samples has checked)
+        resolve_auto_cache(cfg)
+    if count_samples:
+        check_cache_budget(cfg)
     return cfg
 
 
@@ -207,7 +213,6 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
             if n > n_train:
                 raise ConfigError(f"config key 'shards': {n} shards but only {n_train} training samples")
         _check_no_empty_shard(cfg)
-        check_cache_budget(cfg)
     check_privacy_config(cfg, n_train, cache_dir)
 
 

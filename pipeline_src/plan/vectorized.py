@@ -10,6 +10,8 @@
   so no file has two rules. Its inputs keep all N manifests in shard order, the touched ones as
   `ancient` (workflow/rules/common.smk): a new request changes neither its inputs nor its
   params, so the untouched shards do not rerun.
+- `features.cache: auto` on a GPU keeps the cache exactly when some method's shards vectorize
+  (`resolve_auto_cache`), so a study plans the same jobs with `device: cuda` as on the CPU.
 """
 from __future__ import annotations
 
@@ -55,6 +57,25 @@ def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
         total = sum(len(shard_members(unforgotten, shards, seed, i)) for seed in cfg["seeds"] for i in range(shards))
         return auto_pays(shards, total / (shards * len(cfg["seeds"])))
     return True
+
+
+def resolve_auto_cache(cfg: dict) -> None:
+    """Settle `features.cache: auto` with `device: cuda` (validation set it true there provisionally,
+    false under augmentation): keep the cache when a method's shards train vectorized from it,
+    otherwise recompute the prefix on every batch (cheaper to recompute than to read on a GPU for
+    per-shard jobs: config schema, `features.cache`).
+
+    Why not vectorize from images instead: the vectorized job would run the frozen prefix on every
+    sample of every shard in every epoch, (epochs x seeds x N-values x methods) times, where the
+    cache runs it once per prefix depth; the trained part (k blocks and the head, forward and
+    backward) is a fraction of the prefix's forward at k = 1 (docs/performance.md, "Vectorized
+    shards on a GPU").
+
+    Args:
+        cfg: the validated config, `features.cache` already true or false; changed in place.
+    """
+    if cfg["device"] == "cuda" and cfg["features"]["cache"]:
+        cfg["features"]["cache"] = bool(vectorized_jobs(cfg))
 
 
 def vectorized_shards(cfg: dict, method: str, shards: int, seed: int) -> list[int]:

@@ -29,6 +29,7 @@ from pipeline_src.job.counters import (  # noqa: F401  (re-exported: the job-tim
     counted,
     counting,
     flop_counter,
+    main_math,
     note_logged_images,
     reset,
 )
@@ -44,6 +45,7 @@ COUNTERS_SCHEMA = pa.schema([
     ("flop_images", pa.int64()),  # images whose FLOPs are in `flops`
     ("phases", pa.string()),  # JSON {phase: {images, flops_per_image}}
     ("device", pa.string()),  # cpu, cuda
+    ("math", pa.string()),  # the math mode of most counted FLOPs (job/math_mode.py: bfloat16, tf32, float32, ...)
     ("device_name", pa.string()),  # CPU model or GPU name
     ("threads", pa.int32()),  # torch's intra-op threads in the job
     ("step_wall_s", pa.float64()),  # the step's own wall time (Snakemake's benchmark adds start-up)
@@ -83,9 +85,9 @@ def write_counters(log: str | Path, rule: str, step_wall_s: float) -> Path:
         "rule": rule, "images": images,
         "flops": sum(p.images * p.flops_per_image for p in measured) if measured else None,
         "flop_images": sum(p.images for p in measured),
-        "phases": json.dumps({k: {"images": p.images, "flops_per_image": p.flops_per_image}
+        "phases": json.dumps({k: {"images": p.images, "flops_per_image": p.flops_per_image, "math": p.math}
                               for k, p in sorted(PHASES.items())}),
-        "device": device, "device_name": device_name(device), "threads": torch.get_num_threads(),
+        "device": device, "math": main_math({p.math: p.images * p.flops_per_image for p in measured if p.math}), "device_name": device_name(device), "threads": torch.get_num_threads(),
         "step_wall_s": step_wall_s, "created_at": datetime.now(timezone.utc),
     }
     path = counters_path(log)

@@ -84,3 +84,33 @@ def test_to_storage_casts_before_the_copy():
     assert np.array_equal(feature_cache.to_storage(h, "float16"), feature_cache.to_storage(h.float(), "float16"))
     assert np.array_equal(feature_cache.to_storage(h, "bfloat16"),
                           h.view(torch.int16).numpy().view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_resident_view_gives_the_per_batch_reads_bit_for_bit(tmp_path, dtype, monkeypatch):
+    """`CachedRows(resident=True)` (the GPU default where the rows fit) reads its rows once and
+    gathers each batch from them: the same float32 batches as reading each batch's rows."""
+    from pipeline_src.data.feature_cache import CachedRows
+
+    monkeypatch.setattr(feature_cache, "READ_CHUNK_BYTES", 3 * 2 * 2 * 4 * 4)  # several chunks of rows
+    x = torch.randn(12, 3, 2, 4) * 3
+    cache = write(tmp_path / "f.npy", x, dtype, blocks=[0, 2, 4])
+    rows = np.array([5, 0, 11, 3, 3, 7, 1])
+    per_batch, resident = (CachedRows(cache, rows, "cpu", blocks=[4, 0], resident=r) for r in (False, True))
+    assert not CachedRows(cache, rows, "cpu").resident  # the CPU default: one batch held, not the shard
+    for idx in (torch.tensor([6, 0, 2, 2]), np.array([1, 4]), slice(2, None), torch.tensor([], dtype=torch.int64)):
+        got, want = resident[idx], per_batch[idx]
+        assert got.dtype == torch.float32 and torch.equal(got, want), idx
+    assert resident._held is not None and resident._held.dtype == feature_cache.TORCH_STORAGE[dtype]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_view_is_resident_and_equals_the_cpu_rows(tmp_path):
+    from pipeline_src.data.feature_cache import CachedRows
+
+    x = torch.randn(64, 5, 8) * 3
+    cache = write(tmp_path / "f.npy", x, "bfloat16")
+    view = CachedRows(cache, np.arange(64)[::-1].copy(), "cuda")
+    assert view.resident
+    idx = torch.randperm(64, device="cuda")[:16]
+    assert torch.equal(view[idx].cpu(), CachedRows(cache, np.arange(64)[::-1].copy(), "cpu")[idx.cpu()])

@@ -36,12 +36,18 @@ def test_bad_config_names_the_key(mutate, key):
         validate_config(cfg)
 
 
-@pytest.mark.parametrize("device, cache, resolved", [
-    ("auto", "auto", True), ("cpu", "auto", True), ("cuda", "auto", False),  # auto: recompute on a GPU only
-    ("cuda", True, True), ("cpu", False, False), ("cuda", "false", False),   # explicit values (and --config strings) win
+@pytest.mark.parametrize("device, cache, shards, resolved", [
+    ("auto", "auto", None, True), ("cpu", "auto", None, True), ("cpu", "auto", [1], True),
+    ("cuda", "auto", None, True),  # the default study's shards train vectorized, from the cache (issue 41)
+    ("cuda", "auto", [1], False),  # nothing vectorizes: the prefix is recomputed on a GPU
+    ("cuda", True, [1], True), ("cpu", False, None, False), ("cuda", "false", None, False),  # explicit values win
 ])
-def test_feature_cache_auto_recomputes_the_prefix_on_a_gpu_only(device, cache, resolved):
+def test_feature_cache_auto_recomputes_the_prefix_on_a_gpu_only_where_nothing_vectorizes(device, cache, shards,
+                                                                                       resolved):
     cfg = copy.deepcopy(DEFAULT)
     cfg["device"] = device
     cfg.setdefault("features", {})["cache"] = cache
+    if shards:  # the side studies read their own N: off, so that N = 1 is the only training
+        cfg.update(shards=shards, fusion={"enabled": False}, forget={"study": {"enabled": False}},
+                   privacy={"enabled": False})
     assert validate_config(cfg, count_samples=False)["features"]["cache"] is resolved

@@ -26,11 +26,11 @@ def bench(results: Path, rel: str, seconds: float) -> Path:
 
 
 def counters(results: Path, rel: str, rule: str, images: int, flops_per_image: float | None, threads: int = 1,
-             step_wall_s: float = 1.0) -> None:
+             step_wall_s: float = 1.0, math: str | None = "float32") -> None:
     row = {"rule": rule, "images": images, "flops": None if flops_per_image is None else images * flops_per_image,
            "flop_images": images if flops_per_image is not None else 0,
            "phases": json.dumps({"x": {"images": images, "flops_per_image": flops_per_image}}),
-           "device": "cpu", "device_name": "test cpu", "threads": threads, "step_wall_s": step_wall_s,
+           "device": "cpu", "math": math, "device_name": "test cpu", "threads": threads, "step_wall_s": step_wall_s,
            "created_at": datetime.now(timezone.utc)}
     write_parquet(pa.Table.from_pylist([row], schema=COUNTERS_SCHEMA), results / "logs" / f"{rel}.counters.parquet")
 
@@ -39,10 +39,13 @@ def rss(results: Path, rel: str, mb: float) -> None:
     write_job_rss(results / "logs" / f"{rel}.log", int(mb * 1024), "wait4: test", 0)
 
 
+MODE_SPEED = {"float32": 1, "bfloat16": 8}  # the made-up machine's peaks per math mode, in units of `flops_per_s`
+
+
 def fixed_peak(flops_per_s: float):
-    def peak(device: str, threads: int):
-        return (flops_per_s * threads, f"test cpu ({threads} threads)") if device == "cpu" else None
-    peak.cache = {("cpu", 1): (flops_per_s, "test cpu (1 thread)")}
+    def peak(device: str, threads: int, math: str):
+        return (flops_per_s * threads * MODE_SPEED[math], f"test cpu ({threads} threads, {math})") if device == "cpu" else None
+    peak.cache = {("cpu", 1, "float32"): (flops_per_s, "test cpu (1 thread, float32)")}
     return peak
 
 
@@ -107,7 +110,33 @@ def test_efficiency_table(study, tmp_path):
     assert pd.isna(sh.peak_rss_mb) and pd.isna(df.loc["compose"].peak_rss_mb)  # no peak file: none shown
     assert co.wall_s == 2.0 and pd.isna(co.images) and pd.isna(co.peak_pct)
     md = (out / "efficiency.md").read_text()
-    assert "test cpu (1 thread): 1.0 GFLOP/s" in md and "evaluate_ensemble" in md
+    assert "test cpu (1 thread, float32): 1.0 GFLOP/s" in md and "evaluate_ensemble" in md
+    assert tr.math == "float32" and list(df.columns).index("math") == list(df.columns).index("peak_gflop_per_s") + 1
+
+
+def test_each_rule_is_set_against_the_peak_of_its_math_mode(tmp_path):
+    r = tmp_path / "results"
+    for rel, rule, math in (("features/blocks", "features", "bfloat16"), ("train/fc/n1_s0/shard0", "train", "float32")):
+        bench(r, rel, 10.0)
+        counters(r, rel, rule, 1000, 1e7, math=math, step_wall_s=10.0)  # 1 GFLOP/s achieved by each
+    df = pd.read_csv(efficiency_report(connect(r), tmp_path, peak=fixed_peak(1e9))[1]).set_index("rule")
+    assert df.loc["features"].math == "bfloat16" and df.loc["features"].peak_gflop_per_s == pytest.approx(8.0)
+    assert df.loc["features"].peak_pct == pytest.approx(12.5)  # against a float32 probe it would read 100 %
+    assert df.loc["train"].math == "float32" and df.loc["train"].peak_pct == pytest.approx(100.0)
+
+
+def test_counters_written_before_the_math_mode_count_as_float32(tmp_path):
+    r = tmp_path / "results"
+    bench(r, "train/fc/n1_s0/shard0", 10.0)
+    counters(r, "train/fc/n1_s0/shard0", "train", 1000, 1e7, step_wall_s=10.0)
+    path = r / "logs" / "train/fc/n1_s0/shard0.counters.parquet"
+    import pyarrow.parquet as pq
+
+    old = pq.read_table(path).drop_columns(["math"])  # the schema before issue 41
+    path.unlink()
+    write_parquet(old, path)
+    df = pd.read_csv(efficiency_report(connect(r), tmp_path, peak=fixed_peak(1e9))[1])
+    assert df.math.tolist() == ["float32"] and df.peak_pct.tolist() == [pytest.approx(100.0)]
 
 
 def test_no_benchmark_files_no_table(tmp_path):

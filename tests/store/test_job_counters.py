@@ -95,7 +95,8 @@ def test_execute_writes_the_counters_beside_the_log(tmp_path, monkeypatch):
     row = pq.read_table(log.with_name("ensemble.counters.parquet")).to_pylist()[0]
     assert (row["rule"], row["images"], row["flop_images"], row["flops"]) == ("evaluate_ensemble", 10, 10, 10 * 2 * 3 * 2)
     assert row["device"] == "cpu" and row["threads"] >= 1 and row["step_wall_s"] > 0
-    assert json.loads(row["phases"]) == {"eval": {"images": 10, "flops_per_image": 12.0}}
+    assert json.loads(row["phases"]) == {"eval": {"images": 10, "flops_per_image": 12.0, "math": "float32"}}
+    assert row["math"] == "float32"
 
 
 def test_gemm_probe_is_short_and_plausible():
