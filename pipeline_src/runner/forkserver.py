@@ -36,7 +36,7 @@ from typing import Callable
 from pipeline_src.runner.job_process import EXECUTE, JobExit, reap, resolve
 
 IDLE_SECONDS = 120
-PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
+PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto", "opacus",
            "jsonschema", "yaml", "scipy.optimize")
 _HEADER = struct.Struct("!Q")
 PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/forkserver.py)
