@@ -36,6 +36,7 @@ from typing import Callable
 from pipeline_src.runner.job_process import EXECUTE, JobExit, reap, resolve
 
 IDLE_SECONDS = 120
+# opacus: 0.46 CPU-s of every DP job's start before (42 jobs in the default study; docs/performance.md)
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto", "opacus",
            "jsonschema", "yaml", "scipy.optimize")
 _HEADER = struct.Struct("!Q")

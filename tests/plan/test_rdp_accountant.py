@@ -119,7 +119,7 @@ def test_with_exact_the_search_returns_opacus_sigma_exactly(eps, delta, q, steps
 
     for bias in (0.0, 0.9 * ra.EXACT_BAND, -0.9 * ra.EXACT_BAND):
         fast = ra.epsilon
-        monkeypatch.setattr(ra, "epsilon", lambda **kw: fast(**kw) * (1 + bias))
+        monkeypatch.setattr(ra, "epsilon", lambda fast=fast, bias=bias, **kw: fast(**kw) * (1 + bias))
         asked.clear()
         got = noise_multiplier(target_epsilon=eps, target_delta=delta, sample_rate=q, steps=steps, exact=exact)
         monkeypatch.setattr(ra, "epsilon", fast)
