@@ -28,7 +28,8 @@ def profile_path(folder: str | Path, rule: str, log: str | None) -> Path:
     if not log:
         return Path(folder) / rule / f"job-{os.getpid()}.prof"
     parts = Path(log).with_suffix("").parts
-    below = parts[parts.index(rule) + 1:] if rule in parts else parts[-1:]
+    folders = parts[:-1]  # the rule's folder, not a log named like the rule (logs/report/report.log)
+    below = parts[len(folders) - folders[::-1].index(rule):] if rule in folders else parts[-1:]
     return Path(folder) / rule / ("__".join(below) + ".prof")
 
 
