@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -28,8 +29,23 @@ def steps_per_epoch(n_samples: int, batch_size: int) -> int:
     return math.ceil(n_samples / batch_size)
 
 
+# A faster RDP noise-multiplier search with Opacus' signature plus `exact` (the ε(σ) to decide close
+# comparisons with): `plan.rdp_accountant.noise_multiplier`, which the DP steps pass in (this library
+# imports nothing of the pipeline).
+RdpSearch = Callable[..., float]
+
+
 @functools.lru_cache(maxsize=256)  # a pure function of its arguments, and seconds of accounting per call
-def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
+def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
+                      rdp_search: RdpSearch | None = None) -> float:
+    """Opacus' `get_noise_multiplier`. With `rdp_search` (RDP only) its bisection runs on that
+    accountant, and the comparisons that land close to a threshold ask Opacus' own ε: the same σ,
+    bit for bit, without most of Opacus' evaluations (pure-Python series, 13 of the 15 per DP job
+    of the default study: docs/performance.md)."""
+    if accountant == "rdp" and rdp_search is not None:
+        return float(rdp_search(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps,
+                                exact=lambda sigma: epsilon_for(sigma=sigma, sample_rate=sample_rate, steps=steps,
+                                                                delta=delta, accountant="rdp")))
     return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
                                       steps=steps, accountant=accountant))
 
@@ -51,7 +67,8 @@ def epsilon_for(*, sigma: float, sample_rate: float, steps: int, delta: float, a
 
 
 def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: int, epochs: int,
-                max_grad_norm: float, accountant: str = "rdp", full_batch: bool = False) -> dict:
+                max_grad_norm: float, accountant: str = "rdp", full_batch: bool = False,
+                rdp_search: RdpSearch | None = None) -> dict:
     """Noise multiplier σ reaching (ε, δ) after `epochs` of Poisson-sampled steps, or after
     `epochs` full-batch steps (q = 1, `full_batch.py`).
 
@@ -68,6 +85,7 @@ def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: i
         max_grad_norm: clipping bound C (> 0).
         accountant: "rdp" or "prv".
         full_batch: one step per epoch over the whole set: sampling rate 1, steps = epochs.
+        rdp_search: the RDP σ search to run instead of Opacus' (`RdpSearch`); the σ is the same.
     Returns:
         Record with epsilon (target), epsilon_planned (ε of the chosen σ), delta, sigma,
         max_grad_norm, sample_rate, steps, epochs, batch_size, public_size, expected_batch_size
@@ -91,7 +109,7 @@ def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: i
     sample_rate = 1.0 / spe
     steps = spe * epochs
     try:
-        sigma = _noise_multiplier(float(epsilon), float(delta), sample_rate, steps, accountant)
+        sigma = _noise_multiplier(float(epsilon), float(delta), sample_rate, steps, accountant, rdp_search)
     except ValueError as e:
         raise InfeasibleBudget(f"no noise multiplier reaches epsilon={epsilon}, delta={delta} in {steps} steps "
                                f"at sampling rate {sample_rate:.4g} ({accountant}): {e}") from e

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
-from pipeline_src.dp.budget import NEIGHBOURING, plan_budget, steps_per_epoch
+from pipeline_src.dp.budget import NEIGHBOURING, RdpSearch, plan_budget, steps_per_epoch
 from pipeline_src.dp.first_step_probe import FirstStepProbe
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.frozen_modes import train_trainable_only
@@ -255,7 +255,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                   progress: Callable[[dict], None] | None = None,
                   noise_generator: torch.Generator | None = None,
                   sampler_generator: torch.Generator | None = None,
-                  public_size: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+                  public_size: int | None = None,
+                  rdp_search: RdpSearch | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """DP-SGD on the trainable parameters of `model` for a target (ε, δ).
 
     The noise and the Poisson sampling draw from two secret generators (`secret_randomness`):
@@ -282,6 +283,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
             a release leaves both None (secret).
         public_size: the public dataset size n̄ the plan, the sampling rate and each step's
             normaliser use (`plan_budget`); None: the true size, which the model then reveals.
+        rdp_search: a faster RDP σ search for `plan_budget` (the same σ); None: Opacus'.
     Returns:
         (state dict of the trainable parameters, privacy record: the planned budget plus
         epsilon_spent from the engine's accountant, steps_taken, mode and the neighbouring relation).
@@ -292,7 +294,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     xs = list(inputs) if as_list else [inputs]
     public = len(xs[0]) if public_size is None else int(public_size)
     budget = plan_budget(epsilon=epsilon, delta=delta, public_size=public, batch_size=batch_size,
-                         epochs=epochs, max_grad_norm=max_grad_norm, accountant=accountant)
+                         epochs=epochs, max_grad_norm=max_grad_norm, accountant=accountant, rdp_search=rdp_search)
     if any(len(t) != len(labels) for t in xs):
         raise ValueError(f"inputs and labels differ in length: {[len(t) for t in xs]} vs {len(labels)}")
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

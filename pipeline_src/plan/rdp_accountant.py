@@ -24,7 +24,7 @@ test_rdp_accountant.py checks both against Opacus to 1e-9 relative.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -156,8 +156,13 @@ def epsilon(*, sigma: float, sample_rate: float, steps: int, delta: float,
     return epsilon_from_rdp(rdp(sample_rate, sigma, orders) * steps, orders, delta)
 
 
+# How close (relative) a fast ε may come to a threshold of the search before `noise_multiplier` asks
+# its exact accountant: 1000× the largest disagreement with Opacus tests/plan/test_rdp_accountant.py allows.
+EXACT_BAND = 1e-6
+
+
 def noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
-                     epsilon_tolerance: float = 0.01) -> float:
+                     epsilon_tolerance: float = 0.01, exact: Callable[[float], float] | None = None) -> float:
     """The σ that planning picks for (ε, δ) in `steps` steps at rate q, as Opacus'
     `get_noise_multiplier(accountant="rdp")`: double σ from 20 until ε(σ) ≤ target, then bisect
     down until the target is missed by at most `epsilon_tolerance`; the upper end is returned.
@@ -168,21 +173,33 @@ def noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate:
         sample_rate: Poisson sampling rate q.
         steps: number of steps.
         epsilon_tolerance: how far below the target the returned σ's ε may lie.
+        exact: ε(σ) of the reference accountant (a job: Opacus'). Where given, every comparison
+            whose fast ε lies within EXACT_BAND (relative) of its threshold is decided by `exact`
+            instead, so the σ returned is the reference search's own, bit for bit, as long as the
+            two accountants agree to better than EXACT_BAND; the others cost no reference call.
     Raises:
         ValueError: no σ up to MAX_SIGMA reaches the target ("The privacy budget is too low.").
     """
     def eps_at(sigma: float) -> float:
         return epsilon(sigma=sigma, sample_rate=sample_rate, steps=steps, delta=target_delta)
 
+    def near(eps: float, threshold: float) -> bool:  # a comparison the fast ε might decide wrongly
+        return exact is not None and not (abs(eps - threshold) > EXACT_BAND * max(1.0, abs(threshold)))
+
+    def decided(sigma: float, eps: float, *thresholds: float) -> float:  # the ε to compare: fast, or exact near a threshold
+        return exact(sigma) if any(near(eps, t) for t in thresholds) else eps
+
     sigma_low, sigma_high, eps_high = 0.0, 10.0, math.inf
     while eps_high > target_epsilon:
         sigma_high = 2 * sigma_high
         eps_high = eps_at(sigma_high)
+        # eps_high is compared with the target now and with target - tolerance after the loop
+        eps_high = decided(sigma_high, eps_high, target_epsilon, target_epsilon - epsilon_tolerance)
         if sigma_high > MAX_SIGMA:
             raise ValueError("The privacy budget is too low.")
     while target_epsilon - eps_high > epsilon_tolerance:
         sigma = (sigma_low + sigma_high) / 2
-        eps = eps_at(sigma)
+        eps = decided(sigma, eps_at(sigma), target_epsilon, target_epsilon - epsilon_tolerance)
         if eps < target_epsilon:
             sigma_high, eps_high = sigma, eps
         else:

@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from pipeline_src.job.glibc_malloc import set_mmap_threshold
+from pipeline_src.job.profile import profiled
 from pipeline_src.runner.step_args import StepArgs
 
 # Tensors of 4 MiB and more are their own mappings, freed back to the OS (`job/glibc_malloc.py`):
@@ -45,10 +46,11 @@ def execute(step: str, args: StepArgs) -> int:
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         job_allocator()  # before the import: torch's own allocations follow it too
-        module = importlib.import_module(f"pipeline_src.steps.{step}")
-        if getattr(module, "MMAP_THRESHOLD", JOB_MMAP_THRESHOLD) != JOB_MMAP_THRESHOLD:
-            job_allocator(module.MMAP_THRESHOLD)
-        module.main(args)
+        with profiled(args.rule or step, args.log[0] if args.log else None):  # PIPELINE_PROFILE_DIR only
+            module = importlib.import_module(f"pipeline_src.steps.{step}")
+            if getattr(module, "MMAP_THRESHOLD", JOB_MMAP_THRESHOLD) != JOB_MMAP_THRESHOLD:
+                job_allocator(module.MMAP_THRESHOLD)
+            module.main(args)
         wall = time.perf_counter() - t0
         if args.log:  # images and model FLOPs, for the report's efficiency table
             job_counters.write_counters(args.log[0], args.rule or step, wall)

@@ -37,7 +37,8 @@ from pipeline_src.runner.cpu_threads import set_wait_policy
 from pipeline_src.runner.job_process import EXECUTE, JobExit, reap, resolve
 
 IDLE_SECONDS = 120
-PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto",
+# opacus: 0.46 CPU-s of every DP job's start before (42 jobs in the default study; docs/performance.md)
+PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto", "opacus",
            "jsonschema", "yaml", "scipy.optimize")
 _HEADER = struct.Struct("!Q")
 PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/forkserver.py)

@@ -50,3 +50,24 @@ def test_infeasible_budget_fails_before_training(kwargs, match):
     assert not calls
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     assert not any(hasattr(p, "_forward_counter") for p in model.parameters())  # Opacus never attached
+
+
+# The default study's Poisson DP jobs (q = 1/16, 16 steps x 15 epochs) and other shapes; ε 8 needs σ < 1,
+# where each of Opacus' RDP evaluations sums the longest series.
+@pytest.mark.filterwarnings("ignore:Optimal order")
+@pytest.mark.parametrize("epsilon,delta,public_size,batch_size,epochs", [
+    (8.0, 1e-5, 500, 32, 15), (1.0, 1e-5, 500, 32, 15), (2.0, 1e-4, 1000, 50, 3)])
+def test_the_faster_rdp_search_plans_opacus_own_budget_bit_for_bit(epsilon, delta, public_size, batch_size, epochs):
+    """plan_budget with `rdp_accountant.noise_multiplier` (what the DP steps pass) records the same σ and
+    ε as with Opacus' get_noise_multiplier: equal floats, not close ones (the search decides every close
+    comparison with Opacus' own ε)."""
+    from pipeline_src.dp import budget
+    from pipeline_src.plan import rdp_accountant
+
+    kw = dict(epsilon=epsilon, delta=delta, public_size=public_size, batch_size=batch_size, epochs=epochs,
+              max_grad_norm=1.0, accountant="rdp")
+    budget._noise_multiplier.cache_clear()
+    want = plan_budget(**kw)
+    budget._noise_multiplier.cache_clear()
+    got = plan_budget(**kw, rdp_search=rdp_accountant.noise_multiplier)
+    assert got == want

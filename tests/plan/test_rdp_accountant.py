@@ -99,3 +99,47 @@ def test_edge_cases():
     assert rdp(1.0, 2.0, [3.0])[0] == pytest.approx(3.0 / 8.0)  # the Gaussian mechanism: α/(2σ²)
     assert rdp(0.3, 1.0, [math.inf])[0] == math.inf
     assert np.isfinite(epsilon(sigma=1.0, sample_rate=0.01, steps=10, delta=1e-5))
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order")
+@pytest.mark.parametrize("eps,delta,q,steps", [(8.0, 1e-5, 1 / 16, 240), (1.0, 1e-5, 64 / 538, 18),
+                                               (2.0, 1e-5, 0.25, 8), (3.0, 1e-6, 1.0, 50)])
+def test_with_exact_the_search_returns_opacus_sigma_exactly(eps, delta, q, steps, monkeypatch):
+    """With `exact` (Opacus' ε) the σ is Opacus' own, bit for bit, even where the fast ε is off by up
+    to the band: a 0.9·EXACT_BAND relative error moved into the fast accountant changes no result, and
+    `exact` is asked only for comparisons that close (here: none of most, at most a few)."""
+    from pipeline_src.plan import rdp_accountant as ra
+
+    want = get_noise_multiplier(target_epsilon=eps, target_delta=delta, sample_rate=q, steps=steps, accountant="rdp")
+    asked = []
+
+    def exact(sigma):
+        asked.append(sigma)
+        return opacus_epsilon(sigma, q, steps, delta)
+
+    for bias in (0.0, 0.9 * ra.EXACT_BAND, -0.9 * ra.EXACT_BAND):
+        fast = ra.epsilon
+        monkeypatch.setattr(ra, "epsilon", lambda fast=fast, bias=bias, **kw: fast(**kw) * (1 + bias))
+        asked.clear()
+        got = noise_multiplier(target_epsilon=eps, target_delta=delta, sample_rate=q, steps=steps, exact=exact)
+        monkeypatch.setattr(ra, "epsilon", fast)
+        assert got == want, (bias, got, want)
+        assert len(asked) <= 2
+
+
+def test_exact_decides_a_comparison_on_its_threshold():
+    """A fast ε that lands on the target itself is not trusted: `exact` decides it (here, says it is
+    far below, so the search stops at that σ)."""
+    from pipeline_src.plan import rdp_accountant as ra
+
+    target, q, steps, delta = 2.0, 0.25, 8, 1e-5
+    sigma_first = 20.0  # the first σ the search tries
+    fast = ra.epsilon
+    calls = []
+    try:
+        ra.epsilon = lambda **kw: target  # exactly on the threshold
+        got = noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
+                               exact=lambda s: calls.append(s) or target - 0.005)
+    finally:
+        ra.epsilon = fast
+    assert calls == [sigma_first] and got == sigma_first
