@@ -424,8 +424,8 @@ def claims_report(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict | 
         text += [f"Study: {study_settings(config)}.", ""]
     methods = config["methods"] if config else claim_rows.recorded_methods(con)
     text += [f"Regime (measured distance, `reports/regimes.py`): {measured_regime(claim_rows.accuracy_rows(con), methods).label()}.", ""]
-    text += [f"Verdicts against the paper's rows at this distance (paired tests only; rows true by construction "
-             f"left out): " + ", ".join(f"{v} {told.get(v, 0)}" for v in verdicts.TALLIED)
+    text += ["Verdicts against the paper's rows at this distance (paired tests only; rows true by construction "
+             "left out): " + ", ".join(f"{v} {told.get(v, 0)}" for v in verdicts.TALLIED)
              + f". Not in the tally: by construction {told.get(verdicts.BY_CONSTRUCTION, 0)}, no paired test "
              f"{told.get(verdicts.NOT_TESTED, 0)}, n/a {told.get(verdicts.NA, 0)}.", "",
              f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, undecided {counts.get('undecided', 0)}, "
