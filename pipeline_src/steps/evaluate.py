@@ -10,6 +10,8 @@ one function). Both come from one pass over the test split with one frozen-prefi
 (`methods/shared_prefix.py`: for LAST one backbone pass for all side networks), and the models
 share one copy of the frozen backbone. Images are read and converted `train.eval_batch_size` at
 a time, so the job's memory stops growing with the test split once the split fills one batch.
+Beside the test split's metrics file, every evaluated model's per-image correctness goes to the
+same path under `per_image/` (`store/per_image.py`): the claims' paired tests resample it.
 Each single model also gets `weight_distance`, the L2 distance of its trained tensors from their
 starting values (TAFT Fig. 4; `methods/weight_distance.py`).
 """
@@ -107,5 +109,6 @@ def main(args: StepArgs) -> None:
         images += per_image_rows(logits, test.labels, test.ids, context)  # the claims' paired tests
         label = model_name if shard is None else f"shard {shard}"
         print(f"{w['method']} n{w['shards']} {label}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
-    write_per_image(images, args.output.metrics)  # first: the metrics file marks the job done
+    if split == "test":  # the claims' tests read test images only; `validate` writes outside metrics/
+        write_per_image(images, args.output.metrics)  # first: the metrics file marks the job done
     write_metrics(rows, args.output.metrics)
