@@ -54,6 +54,24 @@ def test_study_runs_to_a_report_with_every_model(study):
     assert len(ids) == len(set(ids)) > 0
 
 
+def test_per_image_records_reproduce_the_test_accuracy(study):
+    """Every evaluate job's per-image file (store/per_image.py) gives back its metrics file's test
+    accuracy per model; each names the test split's images once per model, nothing else."""
+    from pipeline_src.store.results_db import connect
+
+    con = connect(results_of(study))
+    keys = "method, model, shards, coalesce(shard_id, -1), seed"
+    acc = dict(con.sql(f"SELECT ({keys}), avg(correct::DOUBLE) FROM per_image GROUP BY ALL").fetchall())
+    want = dict(con.sql(f"SELECT ({keys}), value FROM metrics WHERE metric = 'accuracy' AND split = 'test' "
+                        "AND variant IS NULL AND kind <> 'pretrain' AND model IN ('shard', 'soup', 'ensemble')").fetchall())
+    assert acc and set(acc) == set(want)
+    for key, value in want.items():  # a mean of 0/1 in float64 against the step's float64 mean
+        assert abs(acc[key] - value) < 1e-12, key
+    test_ids = {r[0] for r in con.sql("SELECT sample_id FROM samples WHERE task = 'target' AND split = 'test'").fetchall()}
+    assert {r[0] for r in con.sql("SELECT DISTINCT sample_id FROM per_image").fetchall()} == test_ids
+    assert con.execute(f"SELECT max(n) FROM (SELECT count(*) AS n FROM per_image GROUP BY {keys}, sample_id)").fetchone()[0] == 1
+
+
 def test_report_has_the_claims_table_beside_the_study_reports(study):
     """One row per claim the tiny study can test or not; figures and verdicts agree with the
     Table 1, Table 2, unlearning and fusion reports of the same run (reports/claims.py)."""
