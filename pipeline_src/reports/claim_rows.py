@@ -21,15 +21,6 @@ WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pr
 GROUP BY method, model, shards
 """
 
-# The same rows per seed: the spread of a paired gap (claims within noise).
-SEED_ACCURACY_SQL = """
-SELECT method, model, shards, seed, avg(value) AS accuracy
-FROM metrics_selected
-WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
-  AND ((model = 'shard' AND shards = 1) OR model = 'soup')
-GROUP BY ALL
-"""
-
 # Per seed, the paired per-image counts of two methods' models at one model and N (the same test
 # images, joined on sample_id): images, T right & F wrong, T wrong & F right (`reports/paired_bootstrap.py`).
 PAIRED_COUNTS_SQL = """
@@ -73,9 +64,6 @@ WHERE model = 'dp-shard' AND shards = 1 AND json_extract_string(variant, '$.stud
 GROUP BY ALL
 """
 
-# The same per seed (each an independent DP noise draw): the spread of a DP gap.
-PRIVACY_SEED_SQL = PRIVACY_SQL.replace("avg(value) AS accuracy", "seed, avg(value) AS accuracy")
-
 # Soups of the fusion study without and with matching (`steps/fusion/fuse.py`), as in `reports/fusion.py`.
 FUSION_SQL = """
 SELECT method, shards, json_extract_string(variant, '$.init') AS init,
@@ -108,11 +96,6 @@ def _query(con: duckdb.DuckDBPyConnection, view: str, sql: str) -> pd.DataFrame:
 def accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, kind, model (`shard` at N = 1, `soup`), shards, accuracy, seeds."""
     return _query(con, "metrics", ACCURACY_SQL)
-
-
-def seed_accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, model, shards, seed, accuracy: `accuracy_rows` before the mean over seeds."""
-    return _query(con, "metrics", SEED_ACCURACY_SQL)
 
 
 def paired_counts(con: duckdb.DuckDBPyConnection, t: str, f: str, model: str,
@@ -167,11 +150,6 @@ def private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.D
     rows = rows[rows.selected.isna() | (rows.selected == True)]  # noqa: E712 (a pandas mask)
     rows = rows.assign(method=rows.base.where(rows.base.notna(), rows.method))
     return rows.drop(columns=["base", "selected"])
-
-
-def privacy_seed_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, regime, protocol, epsilon, seed, accuracy: `privacy_rows` before the mean over seeds."""
-    return private_selected(con, _query(con, "metrics", PRIVACY_SEED_SQL))
 
 
 def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
