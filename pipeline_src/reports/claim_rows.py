@@ -21,13 +21,16 @@ WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pr
 GROUP BY method, model, shards
 """
 
-# The same rows per seed: the spread of a paired gap (claims within noise).
-SEED_ACCURACY_SQL = """
-SELECT method, model, shards, seed, avg(value) AS accuracy
-FROM metrics_selected
-WHERE metric = 'accuracy' AND split = 'test' AND variant IS NULL AND kind <> 'pretrain'
-  AND ((model = 'shard' AND shards = 1) OR model = 'soup')
-GROUP BY ALL
+# Per seed, the paired per-image counts of two methods' models at one model and N (the same test
+# images, joined on sample_id): images, T right & F wrong, T wrong & F right (`reports/paired_bootstrap.py`).
+PAIRED_COUNTS_SQL = """
+SELECT t.seed, count(*) AS images, count(*) FILTER (WHERE t.correct AND NOT f.correct) AS t_only,
+       count(*) FILTER (WHERE f.correct AND NOT t.correct) AS f_only
+FROM per_image_selected t JOIN per_image_selected f
+  ON t.seed = f.seed AND t.sample_id = f.sample_id AND t.model = f.model AND t.shards = f.shards
+ AND f.split = 'test' AND f.variant IS NULL AND f.method = $f
+WHERE t.split = 'test' AND t.variant IS NULL AND t.method = $t AND t.model = $model AND t.shards = $shards
+GROUP BY t.seed ORDER BY t.seed
 """
 
 # Forgetting by dropping shards (`steps/forget/drop.py`), per request; r = 0 (nothing removed) left out.
@@ -61,13 +64,10 @@ WHERE model = 'dp-shard' AND shards = 1 AND json_extract_string(variant, '$.stud
 GROUP BY ALL
 """
 
-# The same per seed (each an independent DP noise draw): the spread of a DP gap.
-PRIVACY_SEED_SQL = PRIVACY_SQL.replace("avg(value) AS accuracy", "seed, avg(value) AS accuracy")
-
 # Soups of the fusion study without and with matching (`steps/fusion/fuse.py`), as in `reports/fusion.py`.
 FUSION_SQL = """
 SELECT method, shards, json_extract_string(variant, '$.init') AS init,
-       json_extract_string(variant, '$.matching') AS matching, avg(value) AS accuracy
+       json_extract_string(variant, '$.matching') AS matching, avg(value) AS accuracy, count(DISTINCT seed) AS seeds
 FROM metrics
 WHERE model = 'fusion-soup' AND json_extract_string(variant, '$.study') = 'fusion' AND metric = 'accuracy'
 GROUP BY ALL
@@ -98,9 +98,14 @@ def accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return _query(con, "metrics", ACCURACY_SQL)
 
 
-def seed_accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, model, shards, seed, accuracy: `accuracy_rows` before the mean over seeds."""
-    return _query(con, "metrics", SEED_ACCURACY_SQL)
+def paired_counts(con: duckdb.DuckDBPyConnection, t: str, f: str, model: str,
+                  shards: int) -> list[tuple[int, int, int]]:
+    """Per seed both methods have, (images, T-only right, F-only right) of their `model` at N =
+    `shards` over the test images they share; empty without per-image records."""
+    if "per_image_selected" not in _views(con):
+        return []
+    rows = con.execute(PAIRED_COUNTS_SQL, {"t": t, "f": f, "model": model, "shards": shards}).fetchall()
+    return [(int(n), int(a), int(b)) for _, n, a, b in rows]
 
 
 def selected_points(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], str]:
@@ -147,13 +152,8 @@ def private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.D
     return rows.drop(columns=["base", "selected"])
 
 
-def privacy_seed_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, regime, protocol, epsilon, seed, accuracy: `privacy_rows` before the mean over seeds."""
-    return private_selected(con, _query(con, "metrics", PRIVACY_SEED_SQL))
-
-
 def fusion_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """method, shards, init, matching, accuracy of the fusion study's soups."""
+    """method, shards, init, matching, accuracy (mean over seeds), seeds of the fusion study's soups."""
     return _query(con, "metrics", FUSION_SQL)
 
 

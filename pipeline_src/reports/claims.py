@@ -45,14 +45,16 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 
-from pipeline_src.reports import claim_rows
-from pipeline_src.reports.regimes import first, measured_regime, paper_rows
+from pipeline_src.reports import claim_rows, verdicts
+from pipeline_src.reports.paired_bootstrap import paired_bootstrap
+from pipeline_src.reports.regimes import first, measured_regime, paper_holds, paper_rows
 from pipeline_src.store.atomic import write_text
 
 TAFT = "TAFT: Liu, Soatto et al., ICLR 2024"
@@ -72,8 +74,10 @@ EPS = 1e-12  # accuracy ties count as ≥
 
 COLUMNS = {"claim": "claim", "paper": "paper", "where": "paper table/figure", "paper_figure": "paper's figure",
            "paper_regime": "paper made it for", "paper_rows": "paper's rows at this distance",
-           "study_figure": "this study's figure", "holds": "holds", "note": "note"}
-NOISE = "within noise"  # a gap inside the seeds' spread: neither yes nor no
+           "study_figure": "this study's figure", "test": "paired test: estimate [95 % interval]",
+           "holds": "holds", "verdict": "verdict vs the paper's row", "note": "note"}
+# (T, F, model, N) -> per seed (images, T-only right, F-only right): `claim_rows.paired_counts`
+PairedCounts = Callable[[str, str, str, int], list[tuple[int, int, int]]]
 
 
 @dataclass
@@ -85,10 +89,12 @@ class Claim:
     where: str
     paper_figure: str
     study_figure: str
-    holds: str  # yes | no | within noise | n/a
+    holds: str  # yes | no | undecided | n/a
     note: str = ""
     paper_regime: str = ""  # the regime the paper made the claim for (`reports/regimes.py`)
     paper_rows: str = ""  # the paper's rows at this study's measured distance
+    test: str = ""  # the paired test's estimate, interval and name; empty where none ran
+    verdict: str = ""  # `reports/verdicts.py`: agrees | disagrees | undecided | by construction | ...
 
 
 def missing(claim: str, paper: str, where: str, paper_figure: str, why: str, note: str = "") -> Claim:
@@ -108,26 +114,24 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
 
 
-def paired_gap(seed_acc: pd.DataFrame, t: str, f: str, model: str, shards: int) -> tuple[float, float | None, int]:
-    """(mean, sample std or None below 2 seeds, seeds) of the per-seed accuracy difference t − f
-    at one model and N, over the seeds both have (`claim_rows.seed_accuracy_rows`)."""
-    rows = seed_acc[(seed_acc.model == model) & (seed_acc.shards == shards)] if len(seed_acc) else seed_acc
-    wide = rows.pivot_table(index="seed", columns="method", values="accuracy") if len(rows) else pd.DataFrame()
-    if t not in wide or f not in wide:
-        return float("nan"), None, 0
-    d = (wide[t] - wide[f]).dropna()
-    return float(d.mean()), (float(d.std(ddof=1)) if len(d) >= 2 else None), len(d)
+def tested_gap(paired: PairedCounts | None, t: str, f: str, model: str, shards: int, point: float,
+               threshold: float) -> tuple[str, str]:
+    """(holds, test) of the claim "t − f ≥ threshold" from the paired bootstrap over the seeds'
+    per-image records; without them, the point estimate's yes / no and no test.
 
-
-def verdict(mean: float, spread: float | None, threshold: float) -> str:
-    """yes / no for mean ≥ threshold, or `within noise` when |mean − threshold| ≤ the seeds' spread."""
-    if spread is not None and abs(mean - threshold) <= spread:
-        return NOISE
-    return _yes(mean >= threshold - EPS)
-
-
-def _spread(spread: float | None, seeds: int) -> str:
-    return f" ± {100 * spread:.1f} pts, sd over {seeds} seeds" if spread is not None else ""
+    Args:
+        paired: per-seed paired counts (`claim_rows.paired_counts`); None: none recorded.
+        t, f: the methods compared.
+        model, shards: the models compared (`shard` at N = 1, or `soup` at N).
+        point: the mean over seeds of the metrics' accuracy gap (used without per-image records).
+        threshold: the claim's threshold on the gap (fraction).
+    """
+    counts = paired(t, f, model, shards) if paired is not None else []
+    if not counts:
+        return _yes(point >= threshold - EPS), ""
+    gap = paired_bootstrap(counts)
+    test = f"{_pts(gap.estimate)} [{_pts(gap.low)}, {_pts(gap.high)}]; {gap.test()}; threshold {_pts(threshold)}"
+    return verdicts.decide(gap.low, gap.high, threshold), test
 
 
 def _pair(methods: dict[str, dict], available) -> tuple[str | None, str | None]:
@@ -139,24 +143,22 @@ def _pair_missing(t: str | None, f: str | None, rows: str) -> str:
     return " and ".join(f"no {kind} method with k = 1 has {rows}" for kind, m in (("taft", t), ("nlft", f)) if m is None)
 
 
-def table1_claim(acc: pd.DataFrame, methods: dict[str, dict], seed_acc: pd.DataFrame | None = None) -> list[Claim]:
-    """TAFT-1 within 1 pt of NLFT-1 (full-data models); `seed_acc`: per-seed rows for the spread."""
+def table1_claim(acc: pd.DataFrame, methods: dict[str, dict], paired: PairedCounts | None = None) -> list[Claim]:
+    """TAFT-1 within 1 pt of NLFT-1 (full-data models); `paired`: per-image counts for the test."""
     head = ("TAFT-1 within 1 pt of NLFT-1", TAFT, "Table 1", "TAFT-1 about 1 pt below NLFT-1")
     full = acc[(acc.model == "shard") & (acc.shards == 1)] if len(acc) else acc
     t, f = _pair(methods, full.method if len(full) else [])
     if t is None or f is None:
         return [missing(*head, _pair_missing(t, f, "a full-data (N = 1) model"))]
     a, b = (full[full.method == m].accuracy.iloc[0] for m in (t, f))
-    mean, spread, seeds = paired_gap(seed_acc, t, f, "shard", 1) if seed_acc is not None else (a - b, None, 1)
-    return [Claim(*head, f"{t} {_pct(a)}, {f} {_pct(b)} ({_pts(a - b)}{_spread(spread, seeds)})",
-                  verdict(mean, spread, -WITHIN_PTS / 100),
+    holds, test = tested_gap(paired, t, f, "shard", 1, a - b, -WITHIN_PTS / 100)
+    return [Claim(*head, f"{t} {_pct(a)}, {f} {_pct(b)} ({_pts(a - b)})", holds,
                   f"full-data models (model shard, N = 1) of {t} and {f}; holds when {t} ≥ {f} − {WITHIN_PTS:g} pt; "
-                  "within noise when the mean gap is within one sd of the seeds' paired gaps of that line")]
+                  "undecided when the paired test's 95 % interval holds that threshold", test=test)]
 
 
-def composition_claims(acc: pd.DataFrame, methods: dict[str, dict],
-                       seed_acc: pd.DataFrame | None = None) -> list[Claim]:
-    """TAFT's Δw sum ≥ the non-linear soup, one row per N > 1; `seed_acc`: per-seed rows for the spread."""
+def composition_claims(acc: pd.DataFrame, methods: dict[str, dict], paired: PairedCounts | None = None) -> list[Claim]:
+    """TAFT's Δw sum ≥ the non-linear soup, one row per N > 1; `paired`: per-image counts for the test."""
     paper_text = "+9 to +13.5 pts over the non-linear soup at N = 10–50"
     soups = acc[acc.model == "soup"] if len(acc) else acc
     t, f = _pair(methods, soups.method if len(soups) else [])
@@ -171,11 +173,9 @@ def composition_claims(acc: pd.DataFrame, methods: dict[str, dict],
         if t not in at or f not in at:
             out.append(missing(*head, f"no soup of {t if t not in at else f} at N = {n}"))
             continue
-        mean, spread, seeds = (paired_gap(seed_acc, t, f, "soup", n) if seed_acc is not None
-                               else (at[t] - at[f], None, 1))
-        out.append(Claim(*head, f"{t} Δw sum {_pct(at[t])}, {f} soup {_pct(at[f])} ({_pts(at[t] - at[f])}"
-                         f"{_spread(spread, seeds)})", verdict(mean, spread, 0.0),
-                         f"model soup, N = {n}, of {t} (its Δw sum) and {f}"))
+        holds, test = tested_gap(paired, t, f, "soup", int(n), at[t] - at[f], 0.0)
+        out.append(Claim(*head, f"{t} Δw sum {_pct(at[t])}, {f} soup {_pct(at[f])} ({_pts(at[t] - at[f])})", holds,
+                         f"model soup, N = {n}, of {t} (its Δw sum) and {f}", test=test))
     return out
 
 
@@ -208,9 +208,9 @@ def subtract_claims(drop: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]
     return out
 
 
-def dp_claims(dp: pd.DataFrame, methods: dict[str, dict], dp_seeds: pd.DataFrame | None = None) -> list[Claim]:
-    """DP TAFT ≥ DP NLFT, one row per protocol and ε; `dp_seeds`: per-seed rows for the spread
-    (a regime within it makes the row `within noise` unless another regime says no)."""
+def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
+    """DP TAFT ≥ DP NLFT, one row per protocol and ε, from the mean over seeds (DP evaluations
+    write no per-image records yet, so these rows have no paired test)."""
     claim, paper_text = "DP TAFT ≥ DP NLFT", "TAFT above NLFT at each ε"
     t, f = _pair(methods, dp.method if len(dp) else [])
     if t is None and f is None:
@@ -230,31 +230,12 @@ def dp_claims(dp: pd.DataFrame, methods: dict[str, dict], dp_seeds: pd.DataFrame
         if acc.empty:
             out.append(missing(*head, f"{t} and {f} share no regime at ε = {eps:g}"))
             continue
-        cells, verdicts = [], {}
-        for r, x in acc.iterrows():
-            mean, spread, seeds = _dp_gap(dp_seeds, t, f, protocol, eps, r, x[t] - x[f])
-            verdicts[r] = verdict(mean, spread, 0.0)
-            cells.append(f"{r}: {_pct(x[t])} vs {_pct(x[f])} ({_pts(x[t] - x[f])}{_spread(spread, seeds)})")
-        failing = [r for r, v in verdicts.items() if v == "no"]
-        noisy = [r for r, v in verdicts.items() if v == NOISE]
-        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), "no" if failing else NOISE if noisy else "yes",
+        cells = [f"{r}: {_pct(x[t])} vs {_pct(x[f])} ({_pts(x[t] - x[f])})" for r, x in acc.iterrows()]
+        failing = [r for r, x in acc.iterrows() if x[t] < x[f] - EPS]
+        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), _yes(not failing),
                          f"DP models (dp-shard, N = 1) of {t} and {f}, protocol {protocol}, ε = {eps:g}, regimes "
-                         f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else "")
-                         + (f"; within the seeds' (noise draws') spread in {', '.join(noisy)}" if noisy else "")))
+                         f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else "")))
     return out
-
-
-def _dp_gap(dp_seeds: pd.DataFrame | None, t: str, f: str, protocol: str, eps: float, regime: str,
-            fallback: float) -> tuple[float, float | None, int]:
-    """(mean, sd or None, seeds) of t − f over the seeds (independent DP noise draws) of one DP cell."""
-    if dp_seeds is None or dp_seeds.empty:
-        return fallback, None, 1
-    g = dp_seeds[(dp_seeds.protocol == protocol) & (dp_seeds.epsilon == eps) & (dp_seeds.regime == regime)]
-    wide = g.pivot_table(index="seed", columns="method", values="accuracy") if len(g) else pd.DataFrame()
-    if t not in wide or f not in wide:
-        return fallback, None, 1
-    d = (wide[t] - wide[f]).dropna()
-    return float(d.mean()), (float(d.std(ddof=1)) if len(d) >= 2 else None), len(d)
 
 
 def _in_order(methods: dict[str, dict], names) -> list[str]:
@@ -281,7 +262,8 @@ def fusion_claims(fusion: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]
             continue
         out.append(Claim(*head, f"{matched} {_pct(acc[matched])}, none {_pct(acc['none'])} "
                          f"({_pts(acc[matched] - acc['none'])})", _yes(acc[matched] > acc["none"] + EPS),
-                         f"fusion-soup of {method}, N = {n}, init {init}: matching {matched} vs none"))
+                         f"fusion-soup of {method}, N = {n}, init {init}: matching {matched} vs none, over "
+                         f"{g.seeds.max()} seed{'s' if g.seeds.max() > 1 else ''}"))
     return out
 
 
@@ -352,6 +334,28 @@ def unlearning_cost_claims(retrain: pd.DataFrame, methods: dict[str, dict]) -> l
     return out
 
 
+def by_construction(key: str, claim: Claim) -> bool:
+    """Rows that hold whatever the models learn: the retrain-cost ratios (one of N shards
+    retrains, so the ratio is about N up to fixed costs), and matching soups at the shared init
+    with one seed (the shard models start from one point, so matching has next to nothing to
+    align and one seed gives no spread)."""
+    if key == "cost":
+        return claim.holds != "n/a"
+    return key == "fusion" and claim.claim.endswith(", shared") and claim.holds != "n/a" and claim.note.endswith(" 1 seed")
+
+
+def row_verdict(key: str, claim: Claim, paper: bool | None) -> str:
+    """The row's verdict (`reports/verdicts.py`): against the paper's row at the study's distance
+    where a paired test decided it; `no paired test` where none ran."""
+    if claim.holds == "n/a":
+        return verdicts.NA
+    if by_construction(key, claim):
+        return verdicts.BY_CONSTRUCTION
+    if not claim.test:
+        return verdicts.NOT_TESTED
+    return verdicts.verdict(claim.holds, paper)
+
+
 def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None = None) -> list[Claim]:
     """Every claim, in the table's order.
 
@@ -361,11 +365,15 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
             the trained records' methods in name order.
     """
     methods = methods if methods is not None else claim_rows.recorded_methods(con)
-    acc, seed_acc = claim_rows.accuracy_rows(con), claim_rows.seed_accuracy_rows(con)
+    acc = claim_rows.accuracy_rows(con)
     regime = measured_regime(acc, methods)
-    keyed = [("table1", table1_claim(acc, methods, seed_acc)), ("table2", composition_claims(acc, methods, seed_acc)),
+
+    def paired(t: str, f: str, model: str, n: int) -> list[tuple[int, int, int]]:
+        return claim_rows.paired_counts(con, t, f, model, n)
+
+    keyed = [("table1", table1_claim(acc, methods, paired)), ("table2", composition_claims(acc, methods, paired)),
              ("figure1", subtract_claims(claim_rows.drop_rows(con), methods)),
-             ("table3", dp_claims(claim_rows.privacy_rows(con), methods, claim_rows.privacy_seed_rows(con))),
+             ("table3", dp_claims(claim_rows.privacy_rows(con), methods)),
              ("fusion", fusion_claims(claim_rows.fusion_rows(con), methods)),
              ("last", last_claim(acc, claim_rows.memory_rows(con), methods)),
              ("cost", unlearning_cost_claims(claim_rows.retrain_rows(con), methods))]
@@ -378,7 +386,8 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
             picks = [f"{name} at N = {n}: {p}" for (name, at), p in chosen.items()
                      if at == n and key in ("table1", "table2") and re.search(rf"\b{re.escape(name)}\b", c.study_figure)]
             note = c.note + ("; selected on validation: " + "; ".join(picks) if picks else "")
-            out.append(replace(c, paper_regime=made_for, paper_rows=rows, note=note))
+            out.append(replace(c, paper_regime=made_for, paper_rows=rows, note=note,
+                               verdict=row_verdict(key, c, paper_holds(key, regime))))
     return out
 
 
@@ -409,17 +418,23 @@ def claims_report(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict | 
     claims = study_claims(con, config["methods"] if config else None)
     df = pd.DataFrame([asdict(c) for c in claims], columns=list(COLUMNS)).rename(columns=COLUMNS)
     md, csv = out_dir / "claims.md", out_dir / "claims.csv"
-    counts = df.holds.value_counts()
+    counts, told = df.holds.value_counts(), df[COLUMNS["verdict"]].value_counts()
     text = ["# Claims: the papers' figures beside this study's", ""]
     if config:
         text += [f"Study: {study_settings(config)}.", ""]
     methods = config["methods"] if config else claim_rows.recorded_methods(con)
     text += [f"Regime (measured distance, `reports/regimes.py`): {measured_regime(claim_rows.accuracy_rows(con), methods).label()}.", ""]
-    text += [f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, within noise {counts.get(NOISE, 0)}, "
+    text += ["Verdicts against the paper's rows at this distance (paired tests only; rows true by construction "
+             "left out): " + ", ".join(f"{v} {told.get(v, 0)}" for v in verdicts.TALLIED)
+             + f". Not in the tally: by construction {told.get(verdicts.BY_CONSTRUCTION, 0)}, no paired test "
+             f"{told.get(verdicts.NOT_TESTED, 0)}, n/a {told.get(verdicts.NA, 0)}.", "",
+             f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, undecided {counts.get('undecided', 0)}, "
              f"n/a {counts.get('n/a', 0)} (n/a: the study did not run the jobs the claim needs). Accuracies on the "
-             "test split, mean over seeds (± the sd of the seeds' paired gaps); where the study searched, of the "
-             "point selected on validation (`search_selection`). pts: percentage points. Selection rules: "
-             "`pipeline_src/reports/claims.py`.", "",
+             "test split, mean over seeds; where the study searched, of the point selected on validation "
+             "(`search_selection`). A paired test (bootstrap over seeds and test images, "
+             "`reports/paired_bootstrap.py`) decides `holds` where per-image records exist: yes / no when its 95 % "
+             "interval lies above / below the claim's threshold, undecided when it holds it. pts: percentage points. "
+             "Selection rules: `pipeline_src/reports/claims.py`.", "",
              df.drop(columns="note").to_markdown(index=False), "", "## Rows compared", ""]
     text += [f"- {c.claim}: {c.note}." for c in claims if c.note]
     text += ["", "## Papers", ""] + [f"- {short}: {title}" for short, title in PAPERS.items()]

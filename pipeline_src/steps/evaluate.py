@@ -10,6 +10,8 @@ one function). Both come from one pass over the test split with one frozen-prefi
 (`methods/shared_prefix.py`: for LAST one backbone pass for all side networks), and the models
 share one copy of the frozen backbone. Images are read and converted `train.eval_batch_size` at
 a time, so the job's memory stops growing with the test split once the split fills one batch.
+Beside the test split's metrics file, every evaluated model's per-image correctness goes to the
+same path under `per_image/` (`store/per_image.py`): the claims' paired tests resample it.
 Each single model also gets `weight_distance`, the L2 distance of its trained tensors from their
 starting values (TAFT Fig. 4; `methods/weight_distance.py`).
 """
@@ -31,6 +33,7 @@ from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.job_counters import counting
 from pipeline_src.store.metrics import metric_rows, write_metrics
+from pipeline_src.store.per_image import per_image_rows, write_per_image
 
 MODES = ("shards", "soup", "ensemble")  # `ensemble` alone: the ensemble rows without the shard rows
 
@@ -79,29 +82,33 @@ def main(args: StepArgs) -> None:
     # Images are read from the store and converted one batch at a time.
     out = store.apply(logits_of, test.ids, backbone_record["mean"], backbone_record["std"], device,
                       batch_size=args.runtime["eval_batch_size"], workers=args.runtime["num_workers"])
-    results: list[tuple[str, int | None, dict[str, float]]] = []  # (model, shard_id, values)
+    # (model, shard_id, values, logits (images, classes))
+    results: list[tuple[str, int | None, dict[str, float], torch.Tensor]] = []
     if mode == "soup":
         values = classification_metrics(out[:, 0], test.labels)
         values["weight_distance"] = distance_from_start(backbone_dir, paths[0], backbone=loaded)
-        results.append(("soup", None, values))
+        results.append(("soup", None, values, out[:, 0]))
     if mode == "shards":
         starts: dict = {}  # the shard models' one start, built once
         for i, (shard, path) in enumerate(zip(shard_ids_of(records, paths), paths)):
             values = classification_metrics(out[:, i], test.labels)
             values["weight_distance"] = distance_from_start(backbone_dir, path, backbone=loaded, starts=starts)
-            results.append(("shard", shard, values))
+            results.append(("shard", shard, values, out[:, i]))
     if mode == "ensemble" or args.params.get("ensemble"):
         logits = ensemble_logits(list(out.unbind(1)), composition_weights(records, cfg["compose_weights"]))
-        results.append(("ensemble", None, classification_metrics(logits, test.labels)))
+        results.append(("ensemble", None, classification_metrics(logits, test.labels), logits))
     wall = time.perf_counter() - t0
-    rows = []
-    for model_name, shard, values in results:
+    rows, images = [], []
+    for model_name, shard, values, logits in results:
         context = dict(
             experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
             kind=record["method_config"]["kind"], model=model_name, shards=int(w["shards"]),
             shard_id=shard, seed=int(w["seed"]), split=split, num_samples=len(test.ids),
         )
         rows += metric_rows(values, context=context, device=device, wall_time_s=wall)
+        images += per_image_rows(logits, test.labels, test.ids, context)  # the claims' paired tests
         label = model_name if shard is None else f"shard {shard}"
         print(f"{w['method']} n{w['shards']} {label}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
+    if split == "test":  # the claims' tests read test images only; `validate` writes outside metrics/
+        write_per_image(images, args.output.metrics)  # first: the metrics file marks the job done
     write_metrics(rows, args.output.metrics)

@@ -12,6 +12,8 @@
 | job_rss | each job's exact peak RSS beside its log, `results/logs/**/*.rss.json`, measured by the process that reaped it (`pipeline_src/store/job_rss.py`) |
 | selection | the validation search's choices `results/select/*.parquet` (schema in `pipeline_src/steps/select.py`) |
 | private_selection | the DP search's choices `results/select_private/**/*.parquet` (PT per protocol, taft method, regime and ε) |
+| per_image | `results/per_image/**/*.parquet`: one row per evaluated model and test image, `correct` or not (schema in `pipeline_src/store/per_image.py`), for the claims' paired tests |
+| per_image_selected | `per_image` as `metrics_selected` selects `metrics` |
 | metrics_selected | `metrics` where a search selected: at each searched method and N, the main DAG's rows (no `variant`) of the selected grid point only, under the searched method's name (the other points' and an off-grid base's rows left out); `metrics` itself without a search |
 | environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
@@ -33,6 +35,7 @@ from pipeline_src.store.metrics import METRICS_SCHEMA
 
 VIEWS = {
     "metrics": ("metrics/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
+    "per_image": ("per_image/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "benchmarks": ("benchmarks/**/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),
     "models": ("{train,compose}/**/*.json", None),
     "manifests": ("split/**/shard*.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
@@ -162,4 +165,9 @@ def add_views(con: duckdb.DuckDBPyConnection, results_dir: str | Path, schema: s
         con.execute(selected.replace("VIEW metrics_selected", f"VIEW {q}metrics_selected")
                     .replace("FROM metrics", f"FROM {q}metrics").replace("FROM selection", f"FROM {q}selection"))
         made.append("metrics_selected")
+    if "per_image" in made:  # selected as the metrics are: the claims pair them with `metrics_selected`
+        selected = (SELECTED_VIEW if "selection" in made else "CREATE OR REPLACE VIEW metrics_selected AS SELECT * FROM metrics")
+        con.execute(selected.replace("VIEW metrics_selected", f"VIEW {q}per_image_selected")
+                    .replace("FROM metrics", f"FROM {q}per_image").replace("FROM selection", f"FROM {q}selection"))
+        made.append("per_image_selected")
     return made
