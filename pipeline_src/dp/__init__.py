@@ -7,7 +7,8 @@ book-keeping rules (`book_keeping`), so any user of `train_private`/`wrap_fast` 
 coverage is checked before training.
 """
 from pipeline_src.dp.additive import AdditiveDelta
-from pipeline_src.dp.book_keeping import BK_RULES, BookKeepingModule, check_bk_supported, register_bk_rule
+from pipeline_src.dp.bk_rules import BK_RULES, register_bk_rule
+from pipeline_src.dp.book_keeping import BookKeepingModule, check_bk_supported
 from pipeline_src.dp.budget import InfeasibleBudget, epsilon_for, plan_budget
 from pipeline_src.dp.norm_samplers import (
                                            FAST_SQ_NORM_SAMPLERS,

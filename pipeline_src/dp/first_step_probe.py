@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import nn
 
+from pipeline_src.dp.bk_rules import BK_RULES
 from pipeline_src.dp.parameter_use import ParameterUseError, trainable_owners
 
 _RTOL = {torch.float64: 1e-8, torch.float32: 1e-3}  # 16-bit types: 5e-2
@@ -78,8 +79,6 @@ def per_example_gradients(module: nn.Module, activations: list, grad: torch.Tens
         activations: its positional inputs (detached).
         grad: the output gradient, (B, ...).
     """
-    from pipeline_src.dp.book_keeping import BK_RULES
-
     b = grad.shape[0]
     rule = BK_RULES.get(type(module))
     if rule is not None:

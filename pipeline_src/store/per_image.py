@@ -27,14 +27,16 @@ CONTEXT = ("experiment", "method", "kind", "model", "shards", "shard_id", "seed"
 
 
 def per_image_path(metrics_path: str | Path) -> Path:
-    """The per-image file of a metrics file: its last `metrics` folder swapped for `per_image`.
+    """The per-image file of a metrics file: its last `metrics` folder swapped for `per_image`, or,
+    for a metrics file outside a study's tree (a step run on its own), `<name>.per_image.parquet`
+    beside it.
 
     Args:
-        metrics_path: a metrics Parquet file under some `.../metrics/...` folder.
+        metrics_path: a metrics Parquet file, in a study under `.../metrics/...`.
     """
     parts = list(Path(metrics_path).parts)
     if "metrics" not in parts[:-1]:
-        raise ValueError(f"per_image_path: {metrics_path} is not under a `metrics` folder")
+        return Path(metrics_path).with_suffix(".per_image.parquet")
     at = len(parts) - 2 - parts[:-1][::-1].index("metrics")
     parts[at] = "per_image"
     return Path(*parts)

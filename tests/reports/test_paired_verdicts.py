@@ -77,8 +77,7 @@ def test_verdict_against_the_papers_row(holds, paper, expected):
 
 def test_per_image_path_and_rows(tmp_path):
     assert per_image_path("r/x/metrics/evaluate/m/n1_s0/soup.parquet") == Path("r/x/per_image/evaluate/m/n1_s0/soup.parquet")
-    with pytest.raises(ValueError, match="metrics"):
-        per_image_path("r/x/soup.parquet")
+    assert per_image_path("r/x/soup.parquet") == Path("r/x/soup.per_image.parquet")  # a step run on its own
     rows = per_image_rows(torch.tensor([[2.0, 1.0], [0.0, 1.0]]), torch.tensor([0, 0]), ["a", "b"], {"method": "m"})
     assert [(r["sample_id"], r["predicted"], r["correct"]) for r in rows] == [("a", 0, True), ("b", 1, False)]
 
