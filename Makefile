@@ -17,6 +17,8 @@
 #   make golden  rerun the tiny study on the CPU and rewrite tests/golden/tiny_accuracy.csv
 # and one for the docs (docs/architecture.md, "Tests"):
 #   make docs    regenerate docs/configuration.md from workflow/schemas/config.schema.yaml
+# and one for a GPU loan (docs/cluster-and-gpu.md, "The prepared GPU script"):
+#   make gpu-bundle   results/gpu_bundle: the wheels and data benchmarks/run_gpu.sh needs on a bare CUDA machine
 PYTHON ?= python3
 VENV ?= .venv
 CORES ?= 2
@@ -31,7 +33,7 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: test-long test-all claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs clean-results
+.PHONY: test-long test-all claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs gpu-bundle clean-results
 
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -112,6 +114,9 @@ golden: install
 
 docs: install
 	$(BIN)/python -m pipeline_src.plan.config_docs
+
+gpu-bundle: install fashion-mnist-data
+	bash benchmarks/build_gpu_bundle.sh results/gpu_bundle
 
 # Every study's results (results/<experiment>/ for each) and Snakemake's metadata.
 clean-results:

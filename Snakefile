@@ -15,10 +15,14 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 
 
+# The first screen of `snakemake --report`: private workspace, whatever the study (docs/privacy.md).
+report: "workflow/report/workflow.rst"
+
+
 rule all:
     input:
         f"{R}/report",
-        KILLED_REBUILDS,
+        rebuilds,  # files a killed run deleted, or check_outputs --rebuild listed (plan/run_start.py)
         # a DP study's releasable folder (privacy.smk: release)
         *([f"{R}/release"] if config["privacy"]["enabled"] else []),
 

@@ -26,6 +26,8 @@ class Kind:
         side: a side network on the frozen backbone's block outputs (the LAST grid study's base).
         searched: the validation search covers it (`plan/search.py`; the TAFT paper's App. A: a
             learning-rate grid; tangent kinds also PT and CLS).
+        reset_cls: a reset CLS token is a setting of the kind (`reset_cls`: CLS = T), so the search's
+            CLS axis applies (TAFT's Table 4 chose CLS for TAFT-1 and NLFT-1).
         vectorized: all N shard models can train in one job, stacked over shards (`vectorized_shards`).
         auto_vectorized: `vectorized_shards: auto` may pick that job (measured: plan/vectorized.py).
     """
@@ -38,15 +40,17 @@ class Kind:
     fusable: bool = False
     side: bool = False
     searched: bool = True
+    reset_cls: bool = False
     vectorized: bool = False
     auto_vectorized: bool = False
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("fc", vectorized=True, auto_vectorized=True),
-    Kind("nlft", required=("k",), tuned_blocks=True, private=True, fusable=True, vectorized=True, auto_vectorized=True),
+    Kind("nlft", required=("k",), tuned_blocks=True, private=True, fusable=True, reset_cls=True, vectorized=True,
+         auto_vectorized=True),
     Kind("full"),
-    Kind("taft", required=("k",), tuned_blocks=True, tangent=True, private=True, vectorized=True,
+    Kind("taft", required=("k",), tuned_blocks=True, tangent=True, private=True, reset_cls=True, vectorized=True,
          auto_vectorized=True),
     Kind("last", required=("rank", "heads"), private=True, fusable=True, side=True, vectorized=True,
          auto_vectorized=True),

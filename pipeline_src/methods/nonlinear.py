@@ -12,6 +12,8 @@ from torch import nn
 
 from pipeline_src.vit.parts import vit_prefix, vit_tail
 
+CLS_RESET_STD = 0.02  # as TAFT's reset CLS token (taft/tangent_vit.py: timm's 1e-6 init is degenerate there)
+
 
 class TailFineTune(nn.Module):
     """A ViT whose first `depth - k` blocks are frozen (and cacheable) and whose tail trains.
@@ -22,14 +24,18 @@ class TailFineTune(nn.Module):
         full: train every parameter, embeddings included (`full`); the prefix is then empty.
     """
 
-    def __init__(self, model: VisionTransformer, k: int, full: bool = False) -> None:
+    def __init__(self, model: VisionTransformer, k: int, full: bool = False, reset_cls: bool = False,
+                 seed: int = 0) -> None:
         super().__init__()
         depth = len(model.blocks)
         if not 0 <= k <= depth:
             raise ValueError(f"k={k}: must be between 0 and the backbone depth {depth}")
+        if reset_cls and (full or k == 0 or not getattr(model, "has_class_token", False)):
+            raise ValueError("nlft reset_cls (CLS = T): needs tuned blocks (k >= 1, not full) and a class token")
         self.model = model
         self.start = 0 if full else depth - k
         self.full = full
+        self.reset_cls = bool(reset_cls)
         for p in model.parameters():
             p.requires_grad_(full)
         if not full:
@@ -38,6 +44,16 @@ class TailFineTune(nn.Module):
             for module in tail:
                 for p in module.parameters():
                     p.requires_grad_(True)
+        if self.reset_cls:
+            # CLS = T (TAFT paper Table 4 searched it for NLFT-1 too): the class-token row entering the
+            # tuned blocks is a trained token, started as TAFT's reset token (N(0, 0.02²), seed + 2), the
+            # non-linear twin of TAFT's `reset_cls`. An Embedding, so DP's per-sample gradients see it.
+            width = model.cls_token.shape[-1]
+            start = torch.randn((1, width), generator=torch.Generator().manual_seed(int(seed) + 2),
+                                dtype=torch.float64) * CLS_RESET_STD
+            model.tail_cls = nn.Embedding(1, width, device=model.cls_token.device, dtype=model.cls_token.dtype)
+            with torch.no_grad():
+                model.tail_cls.weight.copy_(start.to(model.tail_cls.weight.dtype))
 
     @torch.no_grad()
     def prefix(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,6 +63,9 @@ class TailFineTune(nn.Module):
     def forward_from_prefix(self, h: torch.Tensor) -> torch.Tensor:
         if self.full:
             return self.model(h)
+        if self.reset_cls:  # the class-token row (index 0) replaced by the trained token
+            token = self.model.tail_cls(torch.zeros(h.shape[0], 1, dtype=torch.long, device=h.device))  # (B, 1, D)
+            h = torch.cat([token.to(h.dtype), h[:, 1:]], dim=1)
         return vit_tail(self.model, h, self.start)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

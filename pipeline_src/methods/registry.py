@@ -73,12 +73,17 @@ def get_method(kind: str) -> Method:
 
 
 def build_tuned_model(backbone: VisionTransformer, method_cfg: dict, num_classes: int, seed: int) -> TunedModel:
-    """A fresh tuned model: a copy of the backbone, a seeded downstream head, the method's wrapper."""
+    """A fresh tuned model: a copy of the backbone, a seeded downstream head, the method's wrapper.
+
+    `seed` (a run's `job_settings.init_seed`, recorded as `head_seed`) draws every random init of the
+    model: the head, the from-scratch weights, TAFT's PT = F reset and reset CLS token, and the LAST
+    side network unless its `init_seed` is set. Equal seeds give equal models, so a record replays.
+    """
     model = copy.deepcopy(backbone)
     if method_cfg.get("init") == "random":  # `full` from scratch: the architecture, none of the pretraining
         reinit_all(model, seed)
     reset_head(model, num_classes, seed)
-    return get_method(method_cfg["kind"]).build(model, method_cfg)
+    return get_method(method_cfg["kind"]).build(model, {"init_seed": seed, **method_cfg})
 
 
 # ---------------------------------------------------------------- non-linear baselines
@@ -93,7 +98,8 @@ register_method(Method(
     "fc", lambda m, c: TailFineTune(m, k=0), train_cross_entropy,
     "Linear probing (head only)."))
 register_method(Method(
-    "nlft", lambda m, c: TailFineTune(m, k=c["k"]), train_cross_entropy,
+    "nlft", lambda m, c: TailFineTune(m, k=c["k"], reset_cls=c.get("reset_cls", False), seed=c.get("init_seed", 0)),
+    train_cross_entropy,
     "Non-linear fine-tuning of the last k blocks (Liu & Soatto et al., ICLR 2024, Table 1)."))
 register_method(Method(
     "full", lambda m, c: TailFineTune(m, k=len(m.blocks), full=True), train_cross_entropy,
@@ -121,8 +127,9 @@ def taft_options(cfg: dict) -> dict:
 
 def build_taft(model: VisionTransformer, cfg: dict) -> TangentTuned:
     o = taft_options(cfg)
-    # The reset seed is fixed (not the shard's), so every shard shares one linearization point.
-    return TangentTuned(model, k=cfg["k"], reset=o["reset"], reset_seed=0, reset_cls=o["reset_cls"],
+    # The reset seed is the run's init seed (not the shard's), so every shard of a run shares one
+    # linearization point; 0 where the builder passes none.
+    return TangentTuned(model, k=cfg["k"], reset=o["reset"], reset_seed=cfg.get("init_seed", 0), reset_cls=o["reset_cls"],
                         jvp_only=o["jvp_only"])
 
 
@@ -157,7 +164,8 @@ class SideTuned(nn.Module):
         super().__init__()
         self.backbone = backbone.requires_grad_(False).eval()
         self.member = {**LAST_DEFAULTS, **{k: cfg[k] for k in LAST_KEYS if k in cfg and k != "init_seed"}}
-        # One init seed for every shard: side networks of one study start from the same point.
+        # One init seed for every shard of a run (the run's init seed, `build_tuned_model`, unless the
+        # method sets its own): side networks of one run start from the same point.
         self.member["seed"] = cfg.get("init_seed", 0)
         self.side = build_side_network(backbone, self.member, num_classes=backbone.num_classes)
         self.cache_blocks = list(range(0, self.side.depth + 1, self.side.every))  # z_0, z_g, ..., z_depth

@@ -29,6 +29,7 @@ from pipeline_src.plan.privacy import check_privacy_config
 from pipeline_src.plan.samples import count_train_samples
 from pipeline_src.plan.search import expand_search
 from pipeline_src.plan.section_seeds import check_section_seeds
+from pipeline_src.plan.studies import name_error
 from pipeline_src.plan.vectorized import resolve_auto_cache
 
 __all__ = ["ConfigError", "load_schema", "validate_config"]
@@ -81,6 +82,9 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     Raises:
         ConfigError: naming the first offending key.
     """
+    bad_name = name_error(config.get("experiment")) if "experiment" in config else None
+    if bad_name:  # before the schema: its message would echo a 300-character name whole
+        raise ConfigError(f"config key 'experiment': {bad_name}")
     schema = load_schema()
     cfg = coerce_strings(copy.deepcopy(dict(config)), schema)  # nested --config values arrive as strings
     validator_cls = _with_defaults(jsonschema.Draft202012Validator)

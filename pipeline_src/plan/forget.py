@@ -38,6 +38,16 @@ class ForgetRequestError(ValueError):
     """A forget request that cannot be applied as a whole."""
 
 
+SHOWN_CHARS = 80  # an id in a message: a 10 MB line (a file with no line breaks) is never echoed whole
+
+
+def shown_id(sample_id: str) -> str:
+    """A requested id as a message quotes it: repr-quoted, cut to `SHOWN_CHARS` with its length."""
+    if len(sample_id) <= SHOWN_CHARS:
+        return repr(sample_id)
+    return f"{sample_id[:SHOWN_CHARS]!r}... ({len(sample_id):,} characters)"
+
+
 # ---------------------------------------------------------------- requests
 def read_request(path: str | Path) -> list[str]:
     """Sample ids of a request file, in file order (duplicates kept, so validation can name them).
@@ -49,7 +59,14 @@ def read_request(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ForgetRequestError(f"forget request file not found: {path}")
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines()]  # -sig: an editor's BOM
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # -sig: an editor's BOM
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ForgetRequestError(f"forget request {path}: not UTF-8 text (byte {e.start}, line {line}: "
+                                 f"{data[e.start:e.start + 4]!r}); save it as UTF-8, one sample id per line") from None
+    lines = [ln.strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
     if path.suffix.lower() != ".csv":
         return lines
@@ -75,7 +92,7 @@ def validate_request(ids: Sequence[str], samples: pa.Table, pool: dict | None = 
     seen: set[str] = set()
     for i in ids:
         if i in seen:
-            raise ForgetRequestError(f"forget request: duplicate sample id '{i}'")
+            raise ForgetRequestError(f"forget request: duplicate sample id {shown_id(i)}")
         seen.add(i)
     # Arrow lookups: only the requested ids' task and split become Python objects, not the table's.
     pos = pc.index_in(pa.array(list(ids), pa.string()), value_set=samples.column("sample_id").combine_chunks())
@@ -85,17 +102,17 @@ def validate_request(ids: Sequence[str], samples: pa.Table, pool: dict | None = 
     where = dict(zip((i for i, p in zip(ids, pos.is_valid().to_pylist()) if p), zip(tasks, splits)))
     for i in ids:
         if i not in where:
-            raise ForgetRequestError(f"forget request: unknown sample id '{i}'")
+            raise ForgetRequestError(f"forget request: unknown sample id {shown_id(i)}")
         task, split = where[i]
         if task != "target" and pool:
-            raise ForgetRequestError(f"forget request: sample id '{i}' is in the backbone's pretraining pool "
+            raise ForgetRequestError(f"forget request: sample id {shown_id(i)} is in the backbone's pretraining pool "
                                      f"(dataset.pretrain_pool, key pool/{pool['seed']}), which no fine-tuned model "
                                      "trains on; forgetting it needs a new backbone (pretrained without it)")
         if task != "target":
-            raise ForgetRequestError(f"forget request: sample id '{i}' belongs to the {task} (pretraining) task, "
+            raise ForgetRequestError(f"forget request: sample id {shown_id(i)} belongs to the {task} (pretraining) task, "
                                      "which no fine-tuned model trains on; forgetting it needs a new backbone")
         if split != "train":
-            raise ForgetRequestError(f"forget request: sample id '{i}' is in the {split} split, not the training split")
+            raise ForgetRequestError(f"forget request: sample id {shown_id(i)} is in the {split} split, not the training split")
     return sorted(ids)
 
 
@@ -140,7 +157,7 @@ def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list
     out: dict[int, list[str]] = {}
     for i in sorted(ids):
         if i not in shard_of:
-            raise ForgetRequestError(f"forget request: sample id '{i}' is not in the shard manifest")
+            raise ForgetRequestError(f"forget request: sample id {shown_id(i)} is not in the shard manifest")
         out.setdefault(int(shard_of[i]), []).append(i)
     return out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pipeline_src.plan.sharding import keyed_unit, membership_digest
+from pipeline_src.plan.sharding import keyed_unit
 
 
 def pool_key(pool_cfg: dict) -> str:
@@ -141,9 +141,11 @@ def check_disjoint(table: pa.Table, pool_cfg: dict) -> None:
 
 
 def pool_record(table: pa.Table, pool_cfg: dict) -> dict:
-    """What the backbone's record says of the pool it saw: its definition, key, classes, counts per
-    split and the members' digest (`sharding.membership_digest`; the ids themselves go to the
-    private `pretrain/source_ids.txt`, since `backbone.json` travels with an export).
+    """What the backbone's record says of the pool it saw: its definition, key, classes and counts per
+    split. No digest of the members: `backbone.json` travels with every export and a DP study's
+    release, and an unkeyed digest lets anyone who guesses the pool confirm it (issue 43). The
+    ids themselves go to the private `pretrain/source_ids.txt`; the definition and the samples
+    listing recompute them.
 
     Args:
         table: the samples table.
@@ -153,10 +155,9 @@ def pool_record(table: pa.Table, pool_cfg: dict) -> dict:
                                              table.column("split").to_pylist(), table.column("class_name").to_pylist())
               if t == "source"]
     return {
-        "definition": {k: pool_cfg[k] for k in sorted(pool_cfg)},
+        "definition": {k: pool_cfg[k] for k in sorted(pool_cfg) if k != "public"},  # a declaration: reruns nothing
         "key": pool_key(pool_cfg),
         "classes": sorted({c for _, _, c in source}),
         "count": len(source),
         "count_per_split": {s: sum(x == s for _, x, _ in source) for s in ("train", "val", "test")},
-        "ids_sha256": membership_digest([i for i, _, _ in source]),
     }

@@ -181,6 +181,12 @@ def check_privacy_config(cfg: dict, n_train: int | None, cache_dir: str | Path |
     if not privacy_methods(cfg):
         raise _error("privacy.methods", f"empty, and `methods:` has no method of kind {DP_KINDS}")
     public_shard_size(cfg, 1)  # refuses a missing privacy.public_train_size, naming it
+    pool = cfg["dataset"].get("pretrain_pool")
+    if pool and not pool.get("public"):  # the release ships the backbone: trained without DP on the pool
+        raise _error("dataset.pretrain_pool.public", "a DP study's release ships the backbone, trained WITHOUT "
+                     "differential privacy on the pretraining pool, a share of this dataset's training split. "
+                     "Declare the pool public (dataset.pretrain_pool.public: true; no DP guarantee covers its "
+                     "images, docs/privacy.md) or pretrain on other data")
     for j, n in enumerate(p["shards"]):
         if n > p["public_train_size"] or (n_train is not None and n > n_train):
             raise _error(f"privacy.shards[{j}]", f"{n} shards but only {p['public_train_size']} public "

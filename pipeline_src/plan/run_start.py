@@ -8,7 +8,7 @@
   Snakemake runs holding the run's lock, and never in a dry run; `at_exit` again when the main
   process ends a run that executed, jobs or not, so a leftover is gone even when nothing is to be done.
 - `killed_rebuilds` lists the files a killed run had deleted to rebuild them (a `--forcerun`, or
-  a rerun on changed params): Snakemake rebuilds a missing file only when a job that needs it runs
+  a rerun on changed params), and those `store/check_outputs.py --rebuild` journaled (`journal_missing`): Snakemake rebuilds a missing file only when a job that needs it runs
   or it is a target, so the Snakefile makes them inputs of the default target `all`. Snakemake
   deletes a job's old outputs before it marks them incomplete, so `journal_rebuilds` lists them
   first, in `onstart`, and `at_exit` drops the entries a run that ended (not killed) rebuilt.
@@ -39,7 +39,7 @@ def clear_killed_temps(results: str | Path) -> str | None:
     return f"removed {len(stale)} temporary file(s) of killed jobs, e.g. {stale[0]}" if stale else None
 
 
-def _snakemake_keys(folder: Path) -> set[str]:
+def snakemake_keys(folder: Path) -> set[str]:
     """The file names Snakemake keeps records under `folder` for (base64 names; a long name is
     split into folders whose names start with '@')."""
     keys = set()
@@ -89,6 +89,18 @@ def journal_rebuilds(results: str | Path, outputs: list[str], snakemake_dir: str
     _write_journal(snakemake_dir, _still_missing(snakemake_dir) | existing)
 
 
+def journal_missing(files: list[str], snakemake_dir: str | Path = ".snakemake") -> None:
+    """Add outputs that are missing now to the journal, so the next run without targets rebuilds
+    them (`store/check_outputs.py --rebuild`: broken outputs it removed, and deleted ones).
+
+    Args:
+        files: output paths relative to the working directory.
+        snakemake_dir: Snakemake's folder in the working directory.
+    """
+    Path(snakemake_dir).mkdir(exist_ok=True)
+    _write_journal(snakemake_dir, _journal(snakemake_dir) | {f for f in files if not os.path.lexists(f)})
+
+
 def settle_journal(snakemake_dir: str | Path = ".snakemake") -> None:
     """When a run ends (not killed): keep only the journal's entries still missing."""
     _write_journal(snakemake_dir, _still_missing(snakemake_dir))
@@ -110,9 +122,9 @@ def killed_rebuilds(results: str | Path, snakemake_dir: str | Path = ".snakemake
     smk = Path(snakemake_dir)
     prefix = str(results).rstrip("/") + "/"
     journal = {f for f in _journal(smk) if f.startswith(prefix)}
-    incomplete = {k for k in _snakemake_keys(smk / "incomplete") if k.startswith(prefix)}
+    incomplete = {k for k in snakemake_keys(smk / "incomplete") if k.startswith(prefix)}
     if incomplete:
-        journal |= incomplete & _snakemake_keys(smk / "metadata")
+        journal |= incomplete & snakemake_keys(smk / "metadata")
     return sorted(f for f in journal if not os.path.lexists(f))
 
 

@@ -1,20 +1,21 @@
 """The `search:` section: the TAFT paper's validation search (App. A, Tables 4-6) as methods of the DAG.
 
 Each searched method is expanded at validation into one method per grid point: the learning
-rates `search.lrs` for every kind, times PT (`search.taft.pt`: false = `reset`) and CLS
-(`search.taft.cls`: true = `reset_cls`) for taft. A point is a method of `methods:` like any
-other, so it trains, composes and evaluates through the ordinary rules, and editing one point
-reruns only its jobs. Names are `<method>_lr<lr>[_pt<T|F>_cls<T|F>]` (`taft-1_lr1e-4_ptF_clsT`);
-the point equal to the method's own settings keeps the method's name (no second copy of its jobs).
-A method whose own settings are no point of the grid is not a candidate: selection picks among
-grid points only (searching more than the paper did is not its protocol).
+rates `search.lrs` for every kind, times CLS (`search.nlft.cls`: true = `reset_cls`) for nlft (the
+paper's Table 4 chose CLS for NLFT-1), times PT (`search.taft.pt`: false = `reset`) and CLS
+(`search.taft.cls`) for taft. A point is a method of `methods:` like any other, so it trains,
+composes and is validated through the ordinary rules, and editing one point reruns only its jobs.
+Every point has its own name, `<method>_lr<lr>[_cls<T|F>|_pt<T|F>_cls<T|F>]`
+(`taft-1_lr1e-4_ptF_clsT`, `nlft-1_lr1e-3_clsT`): the method's own name stands for the method at
+its selected point, which its jobs read at run time (`plan/selected_point.py`).
 
 The points are recorded in `search.variants` (name -> base, lr, pt, cls), which the studies that
 default to "every method of a kind" (fusion, privacy) skip: they keep studying the methods the
-user named. Torch-free: the Snakefile's parse runs it.
+user named, at their selected points. Torch-free: the Snakefile's parse runs it.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any
 
@@ -36,9 +37,11 @@ def _flag(value: bool) -> str:
 
 
 def point_name(base: str, lr: float, pt: bool | None, cls: bool | None) -> str:
-    """A grid point's method name (before the base-name rule)."""
+    """A grid point's method name."""
     name = f"{base}_lr{lr_tag(lr)}"
-    return name if pt is None else f"{name}_pt{_flag(pt)}_cls{_flag(cls)}"
+    if pt is not None:
+        return f"{name}_pt{_flag(pt)}_cls{_flag(cls)}"
+    return name if cls is None else f"{name}_cls{_flag(cls)}"
 
 
 def searched_methods(cfg: dict) -> list[str]:
@@ -55,29 +58,24 @@ def search_shards(cfg: dict) -> list[int]:
     return list(cfg["search"]["shards"]) or list(cfg["shards"])
 
 
-def _own_point(cfg: dict, method: dict) -> dict[str, Any]:
-    """The method's own settings on the grid's axes (lr as it trains: its own, else `train.lr`)."""
-    point = {"lr": float(method.get("lr", cfg["train"]["lr"]))}
-    if kind_of(method).tangent:
-        point.update(pt=not method.get("reset", False), cls=bool(method.get("reset_cls", False)))
-    return point
+def _axes(cfg: dict, method: dict) -> tuple[list, list]:
+    """The PT and CLS values searched for one method: taft both (`search.taft`), nlft CLS
+    (`search.nlft`), other kinds neither ([None])."""
+    search, kind = cfg["search"], kind_of(method)
+    if kind.tangent:
+        return search["taft"]["pt"], search["taft"]["cls"]
+    if kind.reset_cls:
+        return [None], search[kind.name]["cls"]
+    return [None], [None]
 
 
 def grid(cfg: dict, base: str) -> list[dict[str, Any]]:
-    """The points of one searched method, in grid order: {name, lr, pt, cls, kind, k} (pt, cls None but
-    for taft; k None but for nlft and taft)."""
+    """The points of one searched method, in grid order: {name, lr, pt, cls, kind, k} (pt None but
+    for taft, cls None but for taft and nlft; k None but for nlft and taft)."""
     method = cfg["methods"][base]
-    search = cfg["search"]
-    taft = kind_of(method).tangent
-    axes = itertools.product(search["lrs"], search["taft"]["pt"] if taft else [None],
-                             search["taft"]["cls"] if taft else [None])
-    own = _own_point(cfg, method)
-    out = []
-    for lr, pt, cls in axes:
-        point = {"lr": float(lr), **({"pt": pt, "cls": cls} if taft else {})}
-        name = base if point == own else point_name(base, lr, pt, cls)
-        out.append({"name": name, "lr": float(lr), "pt": pt, "cls": cls, "kind": method["kind"], "k": method.get("k")})
-    return out
+    pts, clss = _axes(cfg, method)
+    return [{"name": point_name(base, lr, pt, cls), "lr": float(lr), "pt": pt, "cls": cls, "kind": method["kind"],
+             "k": method.get("k")} for lr, pt, cls in itertools.product(cfg["search"]["lrs"], pts, clss)]
 
 
 def point_settings(method: dict, point: dict[str, Any]) -> dict:
@@ -85,6 +83,7 @@ def point_settings(method: dict, point: dict[str, Any]) -> dict:
     out = {**method, "lr": point["lr"]}
     if point["pt"] is not None:
         out["reset"] = not point["pt"]
+    if point["cls"] is not None:
         out["reset_cls"] = bool(point["cls"])
     return out
 
@@ -98,18 +97,53 @@ def expand_search(cfg: dict) -> None:
 
     Raises:
         ConfigError: a searched method that is not in `methods:` or of no searched kind, a search
-            shard count not in `shards`, or a point whose name a method already has.
+            shard count not in `shards`, a point whose name a method already has, or a
+            `search.variants` other than validation's own (`_check_given_variants`).
     """
     search = cfg["search"]
-    old = search.get("variants") or {}
-    for name in old:  # a config validated before: back to its base methods
-        cfg["methods"].pop(name, None)
+    old = copy.deepcopy(search.get("variants") or {})
+    given = {name: cfg["methods"].pop(name) for name in old if name in cfg["methods"]}  # back to the base methods
     if old and "privacy" in cfg:  # and the privacy study's lists to the methods named by hand
         cfg["privacy"]["methods"] = [m for m in cfg["privacy"]["methods"] if m not in old]
         cfg["privacy"]["paper"]["methods"] = [m for m in cfg["privacy"]["paper"]["methods"] if m not in old]
+    if old:
+        _check_given_variants(cfg, old, given)
     search["variants"] = {}
-    if not search["enabled"]:
-        return
+    if search["enabled"]:
+        _expand(cfg)
+
+
+def _check_given_variants(cfg: dict, old: dict, given: dict) -> None:
+    """`search.variants` in a config is validation's own record only (a validated config given back,
+    each point with its method in `methods:`), whose points are then derived again from the search's
+    settings. An entry set by hand (no such method, or one with other settings) would be silently
+    dropped: refuse it, naming it.
+
+    Args:
+        cfg: the config, its grid points' methods taken out.
+        old: the `search.variants` the config came with.
+        given: the methods of those names it came with.
+    """
+    for name, entry in old.items():
+        base = cfg["methods"].get(entry["base"])
+        if name not in given:
+            why = "no method of that name in `methods:` (validation adds one with each point)"
+        elif base is None:
+            why = f"its base '{entry['base']}' is not a method of `methods:`"
+        elif given[name] != ({**base, "reset": not entry.get("pt")} if entry.get("dp_only") else
+                             point_settings(base, {"lr": entry["lr"], "pt": entry.get("pt"), "cls": entry.get("cls")})):
+            why = f"methods.{name} is not the point of '{entry['base']}' it describes"
+        else:
+            continue
+        raise ConfigError(f"config key 'search.variants.{name}': {why}. `search.variants` is filled in by validation "
+                          "from the search's settings, never set by hand: to train a point, add it to search.lrs, "
+                          "search.taft or search.privacy_pt, or name a method of its own in `methods:`, and leave "
+                          "`search.variants` out")
+
+
+def _expand(cfg: dict) -> None:
+    """`expand_search` of an enabled search (`search.variants` emptied)."""
+    search = cfg["search"]
     for i, name in enumerate(search["methods"]):
         if name not in cfg["methods"]:
             raise ConfigError(f"config key 'search.methods[{i}]': '{name}' is not a method of `methods:`")
@@ -122,8 +156,6 @@ def expand_search(cfg: dict) -> None:
     added: dict[str, dict] = {}
     for base in searched_methods(cfg):
         for point in grid(cfg, base):
-            if point["name"] == base:
-                continue
             if point["name"] in cfg["methods"] or point["name"] in added:
                 raise ConfigError(f"config key 'methods.{point['name']}': the name of a grid point of "
                                   f"search over '{base}'; rename the method")

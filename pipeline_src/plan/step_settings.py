@@ -24,6 +24,10 @@ RUN_ONLY = {
     "private_workspace": "privacy.enabled",  # file modes (owner-only) of the manifests, not their bytes
 }
 
+# Declarations checked at validation only (plan/privacy.py), read by no job: in no job's params or
+# signature, so declaring them reruns nothing.
+DECLARED_ONLY = ("dataset.pretrain_pool.public",)  # the pool's images are public (a DP study needs it)
+
 _TRAINING = ("experiment", "seed", "train", "methods.{method}", "dataset.img_size", "dataset.in_chans")
 LABELS = ("experiment", "dataset.source")  # the study's name and data source, written into every metrics row
 _EVALUATED = LABELS  # an evaluation of one model
@@ -163,15 +167,35 @@ def settings_for(rule: str, config: Mapping, wildcards: Mapping[str, str] | None
         for part in parts[:-1]:
             target = target.setdefault(part, {})
         target[parts[-1]] = node
-    out = canonical(out)
-    for run_only in RUN_ONLY.values():  # a section read whole holds them: drop them (named leaves stay)
-        *parents, leaf = run_only.split(".")
-        node = out
+    return without(canonical(out), RUN_ONLY.values())  # a section read whole holds them (named leaves stay)
+
+
+def without(tree: dict[str, Any], paths) -> dict[str, Any]:
+    """`tree` (changed in place) without the values at dotted `paths` below its top level; also
+    `DECLARED_ONLY`, which no job reads.
+
+    Args:
+        tree: a (settings or config) mapping.
+        paths: dotted config keys.
+    """
+    for path in (*paths, *DECLARED_ONLY):
+        *parents, leaf = path.split(".")
+        node: Any = tree
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if parents and isinstance(node, dict):
             node.pop(leaf, None)
-    return out
+    return tree
+
+
+def dataset_signature(config: Mapping) -> dict[str, Any]:
+    """The `dataset:` section as the signatures of prepare and of the shard jobs' upstream files
+    see it: without `DECLARED_ONLY` keys.
+
+    Args:
+        config: the validated config.
+    """
+    return without({"dataset": canonical(config["dataset"])}, ())["dataset"]
 
 
 def job_config(settings: Mapping, runtime: Mapping) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Studies side by side: each study's outputs under `results/<experiment>/` (docs/studies.md).
 
-A study is named by its config's `experiment` key (the schema restricts its characters). The
+A study is named by its config's `experiment` key, a folder name (`name_error` says why not). The
 workflow's `R` is `study_results(experiment)`; the commands that read a study (query, forget,
 audit, export) take it by name (`--study`) or from its config (`--configfile`).
 
@@ -26,11 +26,33 @@ from pathlib import Path
 import yaml
 
 RESULTS = "results"
-NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # the schema's pattern of `experiment`
+# The schema's pattern and maxLength of `experiment`: a folder name that is no option ('-rf') nor
+# hidden ('.', '..'), short enough for the file names built on it (255 bytes per name).
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+MAX_NAME = 100
 # Shared by every study, never a study's name: the machine's benchmark rows (benchmarks/*.py).
 SHARED = ("benchmarks",)
 # Files only the old layout has directly under results/ (a study's own are one level deeper).
 OLD_MARKERS = ("prepare/samples.parquet", "pretrain/model.safetensors", "report/index.md", "signatures/upstream.json")
+
+
+def name_error(experiment: object) -> str | None:
+    """Why `experiment` is no study name (None: it is one); the message never echoes a long name whole.
+
+    Args:
+        experiment: the config's `experiment` value (anything).
+    """
+    if not isinstance(experiment, str):
+        return f"the study's name must be a string, got {type(experiment).__name__}"
+    shown = repr(experiment) if len(experiment) <= 40 else f"{experiment[:40]!r}..."
+    if len(experiment) > MAX_NAME:
+        return f"{shown} has {len(experiment)} characters; a study's name has at most {MAX_NAME} (it is a folder name)"
+    if not NAME.match(experiment):
+        return (f"{shown} is not a folder name a study can have: letters, digits, '_', '.' and '-' only, "
+                "the first a letter, digit or '_' (no option like '-rf', no hidden folder)")
+    if experiment in SHARED:
+        return f"{shown} is taken: results/{experiment}/ holds the rows every study shares"
+    return None
 
 
 def study_results(experiment: object, root: str = RESULTS) -> str | None:
@@ -40,9 +62,7 @@ def study_results(experiment: object, root: str = RESULTS) -> str | None:
         experiment: the config's `experiment` value (anything: a missing or bad one gives None).
         root: the folder of all studies.
     """
-    if not isinstance(experiment, str) or not NAME.match(experiment) or experiment in SHARED + (".", ".."):
-        return None
-    return f"{root}/{experiment}"
+    return None if name_error(experiment) else f"{root}/{experiment}"
 
 
 def slurm_jobname_prefix(experiment: str) -> str:
@@ -77,7 +97,8 @@ def experiment_of(configfile: str | Path) -> str:
         raise SystemExit(f"cannot read config {configfile}: {e.strerror}") from None
     name = cfg.get("experiment") if isinstance(cfg, dict) else None
     if study_results(name) is None:
-        raise SystemExit(f"config {configfile}: no valid 'experiment' key (the study's name), got {name!r}")
+        raise SystemExit(f"config {configfile}: key 'experiment' (the study's name): "
+                         f"{name_error(name) if name is not None else 'missing'}")
     return name
 
 
@@ -94,7 +115,7 @@ def resolve_study(study: str | None = None, configfile: str | Path | None = None
     name = study or experiment_of(configfile or "config.yaml")
     path = study_results(name, root)
     if path is None:
-        raise SystemExit(f"'{name}' is not a study name (letters, digits, '_', '.', '-')")
+        raise SystemExit(f"no study: {name_error(name)}")
     if not Path(path).is_dir():
         if old_layout(root):
             raise SystemExit(old_layout_error(root, name))
@@ -190,7 +211,7 @@ def move_old_layout(experiment: str, workdir: str | Path = ".", root: str = RESU
     workdir = Path(workdir)
     dest_rel = study_results(experiment, root)
     if dest_rel is None:
-        raise SystemExit(f"'{experiment}' is not a study name (letters, digits, '_', '.', '-')")
+        raise SystemExit(f"no study: {name_error(experiment)}")
     if not old_layout(workdir / root):
         raise SystemExit(f"{workdir / root}/ is not in the old layout: nothing to move")
     dest = workdir / dest_rel

@@ -116,8 +116,17 @@ def selected_points(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], str
     rows = con.sql("SELECT method, shards, candidate, lr, pt, cls, val_accuracy FROM selection WHERE selected").fetchall()
     out = {}
     for method, n, candidate, lr, pt, cls, val in rows:
-        axes = [f"LR {lr:g}"] + ([f"PT {'T' if pt else 'F'}", f"CLS {'T' if cls else 'F'}"] if pt is not None else [])
+        axes = [f"LR {lr:g}"] + ([f"PT {'T' if pt else 'F'}"] if pt is not None else []) + (
+            [f"CLS {'T' if cls else 'F'}"] if cls is not None else [])
         out[method, int(n)] = f"{candidate}: {', '.join(axes)}, val {100 * val:.1f} %"
+    if "models" in _views(con):  # an N the search did not run at trains at a searched N's choice
+        trained = con.sql("""SELECT DISTINCT method, shards,
+                CAST(json_extract(to_json(method_config), '$.selected.chosen_at_shards') AS BIGINT) AS chosen
+            FROM models WHERE kind = 'trained'
+              AND json_extract_string(to_json(method_config), '$.selected.candidate') IS NOT NULL""").fetchall()
+        for method, n, chosen in trained:
+            if (method, int(n)) not in out and (method, int(chosen)) in out:
+                out[method, int(n)] = f"{out[method, int(chosen)]} (chosen at N = {int(chosen)})"
     return out
 
 

@@ -106,11 +106,13 @@ def _all_reports() -> dict[str, Callable[[duckdb.DuckDBPyConnection, Path], list
     from pipeline_src.reports import last_grid as report_last
     from pipeline_src.reports import privacy as report_privacy
     from pipeline_src.reports import selection as report_selection
+    from pipeline_src.reports import trained_points as report_trained
     from pipeline_src.reports import unlearning as report_unlearning
 
     reports = {**report_claims.REPORTS, "accuracy": accuracy_report, "table1": taft_table1, "table2": taft_table2}
     for extra in (report_fusion.REPORTS, report_privacy.REPORTS, report_unlearning.REPORTS, report_last.REPORTS,
-                  report_benchmarks.REPORTS, report_ablations.REPORTS, report_efficiency.REPORTS, report_selection.REPORTS):
+                  report_benchmarks.REPORTS, report_ablations.REPORTS, report_efficiency.REPORTS, report_selection.REPORTS,
+                  report_trained.REPORTS):
         clash = set(reports) & set(extra)
         if clash:
             raise ValueError(f"report names registered twice: {sorted(clash)}")

@@ -2,10 +2,12 @@
 
 `search_selection.{md,csv}`: one row per searched method and shard count N: the selected grid
 point (LR, and PT, CLS for taft), the model compared (the full-data model at N = 1, else the
-soup), its validation accuracy, and its test accuracy, the one test figure of the search (the
-other points' test rows are never shown); every candidate's validation accuracy; and the point
+soup), its validation accuracy, and its test accuracy, the one test figure of the search: that of
+the method's own models, which train at the selected point (`plan/selected_point.py`; the grid
+points are validated only); every candidate's validation accuracy; and the point
 the paper chose for that kind and setting (its ViT-L/16 on seven datasets, for comparison). Rows from
 the `selection` view (`steps/select.py`) and, for the selected point's test accuracy, `metrics`.
+(`trained_points`, `reports/trained_points.py`, says which point every N trained at.)
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pipeline_src.reports.files import has_rows, save_table
 # by (kind, full data or shards); k > 1 is Table 5's 7 blocks. full and last are not in its tables.
 PAPER_CHOICE = {
     ("fc", "full"): "Table 4: LR 1e-3 (MIT, Pets, CUB, Cars, Aircraft) or 1e-4 (Caltech, Dogs)",
-    ("nlft", "full"): "Table 4: LR 1e-4 on all 7",
+    ("nlft", "full"): "Table 4: LR 1e-4 on all 7, CLS = T on CUB, Cars and Aircraft",
     ("taft", "full"): "Table 4: LR 1e-3 (1e-4 on Dogs), PT = F (T on Dogs), CLS = T on Cars and Aircraft",
     ("nlft", "full", "deep"): "Table 5 (7 blocks): LR 1e-4",
     ("taft", "full", "deep"): "Table 5 (7 blocks): LR 1e-4, PT = T, CLS = F (T on Aircraft)",
@@ -52,7 +54,7 @@ SELECT c.method, c.kind, c.k, c.shards AS N, c.model, c.candidate AS selected,
        CASE WHEN c.cls IS NULL THEN '' WHEN c.cls THEN 'T' ELSE 'F' END AS CLS,
        c.val_accuracy, t.test_accuracy, c.seeds, tr.candidates_val
 FROM chosen c
-LEFT JOIN test t ON t.method = c.candidate AND t.shards = c.shards AND t.model = c.model
+LEFT JOIN test t ON t.method = c.method AND t.shards = c.shards AND t.model = c.model
 JOIN tried tr ON tr.method = c.method AND tr.shards = c.shards
 ORDER BY c.method, c.shards
 """

@@ -80,7 +80,9 @@ def _recv(sock: socket.socket):
 
 
 # ----------------------------------------------------------------------------- server
-def serve(path: Path) -> None:
+def listen_at(path: Path) -> socket.socket:
+    """Preload the job modules, then listen at `path` (owner-only), which appears atomically once
+    the server is ready to accept; the fork server and the GPU job server start the same way."""
     set_wait_policy()  # before torch loads libgomp, which reads it once (cpu_threads.py)
     for mod in PRELOAD:
         __import__(mod)
@@ -90,6 +92,11 @@ def serve(path: Path) -> None:
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)  # appear atomically, ready to accept
     server.listen(64)
+    return server
+
+
+def serve(path: Path) -> None:
+    server = listen_at(path)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     last = time.monotonic()
     jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection
@@ -204,7 +211,10 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
+def _ensure_server(path: Path, wait_s: float = 30.0,
+                   module: str = "pipeline_src.runner.forkserver") -> socket.socket | None:
+    """Connect to the server listening at `path`, starting `python -m <module> <path>` first if
+    none does (one starter at a time); None if none answers within `wait_s`."""
     sock = _connect(path)
     if sock:
         return sock
@@ -216,7 +226,7 @@ def _ensure_server(path: Path, wait_s: float = 30.0) -> socket.socket | None:
         if path.exists():
             path.unlink()  # stale socket of a dead server
         # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
-        subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.forkserver", str(path)], start_new_session=True,
+        subprocess.Popen([sys.executable, "-m", module, str(path)], start_new_session=True,
                          cwd=PACKAGE.parent,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

@@ -2,12 +2,14 @@
 
 Every rule's script, `workflow/scripts/step.py`, calls `run_step(<step>, snakemake)`. The step's
 stdout and stderr (tqdm progress included) go to the rule's `log:` file, and
-`pipeline_src.steps.<step>.main(StepArgs)` runs either in a child of the local fork server
+`pipeline_src.steps.<step>.main(StepArgs)` runs in a worker of the GPU job server when it runs a
+model on a GPU (`pipeline_src/runner/gpu_server.py`: one CUDA context per worker, not per job), else
+in a child of the local fork server
 (`pipeline_src/runner/forkserver.py`, which saves the seconds of importing torch per job) or, with
 `PIPELINE_FORKSERVER=0`, inside a Slurm job, or when no server can be started, in a process of its
-own (`pipeline_src/runner/job_process.py`). Either way the process that reaps the job measures its
-exact peak RSS with `os.wait4`, and this client writes it beside the log, `<log stem>.rss.json`
-(`store/job_rss.py`).
+own (`pipeline_src/runner/job_process.py`). The process that reaps the job measures its exact peak
+RSS with `os.wait4` (a GPU worker, reused, its high-water mark during the job), and this client
+writes it beside the log, `<log stem>.rss.json` (`store/job_rss.py`).
 
 A job that declares the `gpu` resource holds that many device slots for its whole run
 (`pipeline_src/runner/gpu_slots.py`) and runs with `CUDA_VISIBLE_DEVICES` set to them, because
@@ -21,6 +23,7 @@ import os
 import sys
 from pathlib import Path
 
+from pipeline_src.runner.gpu_server import wants_gpu_server
 from pipeline_src.runner.gpu_slots import acquire_gpu
 from pipeline_src.runner.job_process import JobExit, run_measured
 from pipeline_src.runner.orphan_guard import stop_with_run
@@ -48,10 +51,15 @@ def run_step(step: str, smk) -> None:
     stop_with_run(lambda: child[-1] if child else None)  # a killed Snakemake stops this job too
     if args.log:
         clear_job_rss(args.log[0])
-    with acquire_gpu(int(args.resources.get("gpu", 0) or 0)):  # sets CUDA_VISIBLE_DEVICES for the job
+    with acquire_gpu(int(args.resources.get("gpu", 0) or 0)) as held:  # sets CUDA_VISIBLE_DEVICES for the job
         done: JobExit | None = None
+        if wants_gpu_server(step, args.runtime.get("device"), bool(held)):
+            from pipeline_src.runner.gpu_server import run_in_gpu_server
+
+            done = run_in_gpu_server(step, args)  # the client's death or signal stops the job's worker
+            how = "VmHWM: gpu-server worker"
         # Not inside a Slurm job: a server started there would outlive the job's allocation.
-        if os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
+        if done is None and os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID"):
             from pipeline_src.runner.forkserver import run_in_server
 
             done = run_in_server(step, args, child.append)  # the child takes this process's environment

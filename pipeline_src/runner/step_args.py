@@ -8,6 +8,7 @@ run from `args.runtime`. Every rule with a step is converted: `args.config` rais
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,12 +108,31 @@ def _paths(named_list) -> Paths:
     return Paths([str(p) for p in named_list], names)
 
 
+def selected_params(params: dict[str, Any], inputs: Paths) -> dict[str, Any]:
+    """The params with the method that a `selected_at` param names moved, in its `settings`, to the
+    point of the `selection` input (`plan/selected_point.py`): every step then trains, builds and
+    records the method at the selected point. Params without `selected_at` are returned as they are.
+    """
+    spec = params.get("selected_at")
+    if not spec:
+        return params
+    from pipeline_src.plan.selected_point import apply_selection, read_choice
+
+    path = str(inputs.selection)
+    settings = copy.deepcopy(params["settings"])
+    methods = settings["methods"]
+    methods[spec["method"]] = apply_selection(methods[spec["method"]], read_choice(path, spec), spec, path)
+    return {**params, "settings": settings}
+
+
 def from_snakemake(smk) -> StepArgs:
-    """Convert the `snakemake` object a `script:` receives."""
+    """Convert the `snakemake` object a `script:` receives (a searched method's settings moved to
+    its selected point: `selected_params`)."""
     resources = {k: v for k, v in smk.resources.items() if isinstance(v, (int, float, str))}
     rule = str(getattr(smk, "rule", "") or "")
+    inputs = _paths(smk.input)
     return StepArgs(
-        input=_paths(smk.input), output=_paths(smk.output), params=dict(smk.params.items()),
+        input=inputs, output=_paths(smk.output), params=selected_params(dict(smk.params.items()), inputs),
         wildcards=dict(smk.wildcards.items()), log=_paths(smk.log), threads=int(smk.threads),
         resources=resources, config=NoConfig(rule) if converted(rule) else dict(smk.config), rule=rule,
         runtime=run_only_settings(smk.config),

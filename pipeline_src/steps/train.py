@@ -14,7 +14,7 @@ from pipeline_src.data.feature_cache import CachedRows, FeatureCache
 from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.job.training_memory import training_memory
 from pipeline_src.methods.registry import TunedModel, build_tuned_model, get_method
-from pipeline_src.plan.job_settings import train_settings
+from pipeline_src.plan.job_settings import init_seed, train_settings
 from pipeline_src.plan.sharding import shard_ids
 from pipeline_src.runner.runtime import resolve_device, set_up_job, use_bf16
 from pipeline_src.runner.step_args import StepArgs
@@ -130,7 +130,9 @@ def load_job(args: StepArgs, method_cfg: dict | None = None) -> TrainingJob:
         shards=int(w["shards"]), seed=seed, device=resolve_device(cfg["device"]), backbone=backbone,
         backbone_record=backbone_record, store=store, manifest=pq.read_table(args.input.manifest),
         num_classes=store.num_classes("target"),
-        head_seed=cfg["seed"],  # one head init for every shard: soups and TAFT need a shared start
+        # one head init (and PT = F reset) for every shard of a run: soups and TAFT need a shared start;
+        # another for each run seed
+        head_seed=init_seed(cfg["seed"], seed),
     )
 
 

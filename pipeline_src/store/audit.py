@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline_src.plan.forget import read_request
-from pipeline_src.plan.studies import add_study_args, in_study
+from pipeline_src.plan.studies import RESULTS, add_study_args, in_study
 from pipeline_src.store.private_provenance import load_members, results_root_of
 
 
@@ -74,6 +74,12 @@ def _resolve(component: str, parent: Path) -> Path:
     for base in parent.resolve().parents:
         if (base / p).is_file():
             return base / p
+    # A record of the old layout (before results/<experiment>/, docs/studies.md) names its
+    # components results/<step>/...: moved by `studies move-old-layout`, they are <study>/<step>/...
+    if p.parts[:1] == (RESULTS,) and len(p.parts) > 2:
+        for base in parent.resolve().parents:
+            if (base / p.relative_to(RESULTS)).is_file():
+                return base / p.relative_to(RESULTS)
     raise FileNotFoundError(f"component {component} of {parent} is in no folder above it: the audit reads a "
                             "model's components from its own results folder, so audit a copy inside a copy of "
                             "that folder")
@@ -160,10 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_study_args(parser)  # --study / --configfile: `model` is then a path inside that study's folder
     a = parser.parse_args(argv)
     a.model = in_study(a.model, a)
-    ids = read_request(a.ids[0]) if len(a.ids) == 1 and Path(a.ids[0]).is_file() else list(a.ids)
     try:
+        ids = read_request(a.ids[0]) if len(a.ids) == 1 and Path(a.ids[0]).is_file() else list(a.ids)
         result = audit_model(a.model, ids)
-    except (OSError, ValueError) as e:  # a missing record or component, an unreadable file: one line
+    except (OSError, ValueError) as e:  # a bad request file, a missing record or component: one line
         print(f"audit: {e}", file=sys.stderr)
         return 2
     leaves = len(result.checked)

@@ -3,6 +3,8 @@ and never in a model's own files (record, weights, export, metrics).
 
     <results>/provenance/key                    32 random bytes (mode 0600), made once per results folder
     <results>/provenance/members/<ref>.parquet  one DP model's member ids (column sample_id; mode 0600)
+    <results>/provenance/dp_study.txt           the mark of a DP study (written by every run with
+                                                privacy.enabled): its non-DP models are private workspace
 
 A DP model's record names its members only by `membership_ref` = HMAC-SHA256(key, sorted ids).
 A plain digest of the ids would be a membership oracle (hash a guessed member list, compare);
@@ -20,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline_src.plan.private_workspace import DP_STUDY_MARK
 from pipeline_src.store.atomic import make_temp, write_parquet
 
 STORE = "provenance"
@@ -80,3 +83,10 @@ def load_members(root: str | os.PathLike, ref: str) -> list[str]:
     if not hmac.compare_digest(membership_ref(_key(root, create=False), ids), ref):
         raise ValueError(f"provenance: {path} does not match its ref (changed after training)")
     return ids
+
+
+def is_dp_study(root: str | os.PathLike) -> bool:
+    """Whether results folder `root` is a DP study's: marked by a run with `privacy.enabled`, or,
+    for a folder from before the mark, holding a provenance key or DP models (`private/`)."""
+    root = Path(root)
+    return (root / STORE / DP_STUDY_MARK).is_file() or (root / STORE / "key").is_file() or (root / "private").is_dir()

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.views and not ns.sql:
         parser.error("give a SQL query or --views")
     if ns.all_studies or ns.studies:
-        con = connect_studies(ns.root, ns.studies.split(",") if ns.studies else None)
+        con = connect_studies(ns.root, ns.studies.split(",") if ns.studies else None, warn=_warn)
         where = ns.root
     else:
         where = str(ns.results or resolve_study(ns.study, ns.configfile, ns.root))
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"query: no results folder at {os.path.abspath(where)} (run the study first, or give "
                   "--study, --configfile or --results)", file=sys.stderr)
             return 1
-        con = connect(where)
+        con = connect(where, warn=_warn)  # a broken file is named, and the other files still answer
     if ns.views:
         try:
             for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     if rel is None:
         return 0
     return _print(rel.df(), ns.format)
+
+
+def _warn(message: str) -> None:
+    print(f"query: warning: {message}", file=sys.stderr)
 
 
 def _print(df, fmt: str) -> int:

@@ -12,12 +12,15 @@
 | job_rss | each job's exact peak RSS beside its log, `results/logs/**/*.rss.json`, measured by the process that reaped it (`pipeline_src/store/job_rss.py`) |
 | selection | the validation search's choices `results/select/*.parquet` (schema in `pipeline_src/steps/select.py`) |
 | private_selection | the DP search's choices `results/select_private/**/*.parquet` (PT per protocol, taft method, regime and ε) |
+| metrics_selected | `metrics` where a search selected: the main DAG's rows (no `variant`) of every method but the grid points (a searched method's own rows are its selected point's at every N, `plan/selected_point.py`); `metrics` itself without a search |
 | per_image | `results/per_image/**/*.parquet`: one row per evaluated model and test image, `correct` or not (schema in `pipeline_src/store/per_image.py`), for the claims' paired tests |
 | per_image_selected | `per_image` as `metrics_selected` selects `metrics` |
-| metrics_selected | `metrics` where a search selected: at each searched method and N, the main DAG's rows (no `variant`) of the selected grid point only, under the searched method's name (the other points' and an off-grid base's rows left out); `metrics` itself without a search |
 | environments | one row per environment fingerprint of the metrics rows (`pipeline_src/plan/environment.py`): its fields as columns, row and experiment counts, first and last time |
 
-Views whose files do not exist yet are simply absent. `metrics` and `benchmarks` always have
+Views whose files do not exist yet are simply absent. A result file that does not read back (a
+broken Parquet file or record) is named: `add_views` raises `UnreadableResults` with the file and
+the command that rebuilds it, or, given `warn` (the query CLI), says so and builds the view from
+the other files (`store/readable.py`, `store/check_outputs.py`). `metrics` and `benchmarks` always have
 every column of the current schema: files written by an older schema version (columns are only
 ever added) read with NULLs in the newer columns.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import pyarrow as pa
@@ -61,15 +65,41 @@ ENVIRONMENTS_VIEW = """CREATE OR REPLACE VIEW environments AS SELECT
     min(created_at) AS first_created, max(created_at) AS last_created, environment
 FROM metrics GROUP BY environment"""
 
-# The main DAG's rows as a search selected them: per searched method and N, only the selected
-# candidate's rows, named after the searched method; study rows (with a `variant`) as they are.
+# The main DAG's rows as a search selected them: a searched method's own rows are its selected
+# point's at every N (`plan/selected_point.py`); a grid point's rows (validated only, but a run of an
+# older layout may have tested them) are left out; study rows (with a `variant`) as they are.
 SELECTED_VIEW = """CREATE OR REPLACE VIEW metrics_selected AS
-SELECT m.* REPLACE (CASE WHEN m.variant IS NULL THEN coalesce(c.method, m.method) ELSE m.method END AS method)
-FROM metrics m
-LEFT JOIN (SELECT DISTINCT method, shards, candidate, selected FROM selection) c
-  ON m.method = c.candidate AND m.shards = c.shards AND m.variant IS NULL
-WHERE m.variant IS NOT NULL OR (coalesce(c.selected, true) AND (c.candidate IS NOT NULL OR NOT EXISTS (
-    SELECT 1 FROM selection b WHERE b.method = m.method AND b.shards = m.shards)))"""
+SELECT m.* FROM metrics m
+WHERE m.variant IS NOT NULL OR m.method NOT IN (SELECT DISTINCT candidate FROM selection WHERE candidate <> method)"""
+
+
+class UnreadableResults(ValueError):
+    """Result files that a view would read and that do not read back."""
+
+
+def _unreadable_message(view: str, results: Path, bad: dict[str, str]) -> str:
+    first, why = next(iter(bad.items()))
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return (f"{len(bad)} unreadable file(s) of view '{view}' in {results}/: {first} ({why}){more}. "
+            f"Rebuild them: python -m pipeline_src.store.check_outputs --results {results} --rebuild, "
+            "then run the study (docs/reliability.md)")
+
+
+def _readable_only(view: str, results: Path, files: list[str], warn: Callable[[str], None] | None) -> list[str]:
+    """`files` less those that do not read back: named by `warn`, or raised without it.
+
+    Raises:
+        UnreadableResults: some do not, and no `warn` was given.
+    """
+    from pipeline_src.store.readable import unreadable
+
+    bad = {f: why for f in files if (why := unreadable(f))}
+    if bad:
+        message = _unreadable_message(view, results, bad)
+        if warn is None:
+            raise UnreadableResults(message)
+        warn(f"{message}; the view '{view}' leaves them out")
+    return [f for f in files if f not in bad]
 
 
 def _matches(results: Path, pattern: str) -> bool:
@@ -77,17 +107,25 @@ def _matches(results: Path, pattern: str) -> bool:
     return any(glob.glob(str(results / p), recursive=True) for p in patterns)
 
 
-def _create_models_table(con: duckdb.DuckDBPyConnection, files: list[str], q: str = "") -> None:
+def _create_models_table(con: duckdb.DuckDBPyConnection, files: list[str], q: str = "",
+                         readable: Callable[[list[str]], list[str]] | None = None) -> None:
     """The `models` view: every model record, one row each, with its `filename`. The records are
     joined into one newline-delimited file first: DuckDB's `read_json_auto` over the files gives
     each its own 32 MB buffer, which ran out of memory (18.8 GB) on a 1,535-job study."""
     import json
     import tempfile
 
+    records = {}
+    for f in files:
+        try:
+            records[f] = json.loads(Path(f).read_bytes())
+        except ValueError:
+            if readable is None:
+                raise
+            readable([f])  # names the broken record: raises, or warns and it is left out
     with tempfile.NamedTemporaryFile("w", suffix=".ndjson", delete=False) as out:
-        for f in files:
-            with open(f) as fh:
-                out.write(json.dumps({**json.load(fh), "filename": f}) + "\n")
+        for f, record in records.items():
+            out.write(json.dumps({**record, "filename": f}) + "\n")
     try:
         con.execute(f"CREATE OR REPLACE TABLE {q}_models AS SELECT * FROM read_json_auto('{out.name}', "
                     "format='newline_delimited', sample_size=-1, map_inference_threshold=-1, field_appearance_threshold=0)")
@@ -116,16 +154,30 @@ def _benchmarks_root(study: Path) -> Path:
     return study.parent
 
 
-def connect(results_dir: str | Path = "results", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+def connect(results_dir: str | Path = "results", database: str = ":memory:",
+            warn: Callable[[str], None] | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with one view per kind of result file of one study's results folder
-    (`results/<experiment>`; several studies: `store/studies_db.py`)."""
+    (`results/<experiment>`; several studies: `store/studies_db.py`).
+
+    Args:
+        results_dir: the study's results folder.
+        database: DuckDB's database (default: in memory).
+        warn: as `add_views`' (None: a file that does not read back raises `UnreadableResults`).
+    """
     con = duckdb.connect(database)
-    add_views(con, results_dir)
+    add_views(con, results_dir, warn=warn)
     return con
 
 
+def _source(sql: str, files: list[str] | None, glob_pattern: str) -> str:
+    """A view's SELECT over its glob, or over these files only (the readable ones)."""
+    if files is None:
+        return sql.format(g=glob_pattern)
+    return sql.replace("'{g}'", "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]")
+
+
 def add_views(con: duckdb.DuckDBPyConnection, results_dir: str | Path, schema: str | None = None,
-              benchmarks: bool = True) -> list[str]:
+              benchmarks: bool = True, warn: Callable[[str], None] | None = None) -> list[str]:
     """Create the views of one results folder in `con`; the names of those created.
 
     Args:
@@ -133,6 +185,10 @@ def add_views(con: duckdb.DuckDBPyConnection, results_dir: str | Path, schema: s
         results_dir: a study's results folder.
         schema: the (existing) schema to create them in; None: the connection's default.
         benchmarks: also the `benchmarks` view (rows shared by every study: `_benchmarks_root`).
+        warn: called with a message naming files that do not read back, which the views then
+            leave out; None: raise instead.
+    Raises:
+        UnreadableResults: a file of a view does not read back (without `warn`).
     """
     study = Path(results_dir)
     q = f'"{schema}".' if schema else ""
@@ -146,17 +202,27 @@ def add_views(con: duckdb.DuckDBPyConnection, results_dir: str | Path, schema: s
         made.append(name)
         if name == "models":
             files = [f for d in ("train", "compose") for f in glob.glob(str(results / d / "**" / "*.json"), recursive=True)]
-            _create_models_table(con, files, q)
-        elif name == "job_rss":
+            _create_models_table(con, files, q, lambda fs, n=name, r=results: _readable_only(n, r, fs, warn))
+            continue
+        if name == "job_rss":
             _create_job_rss_table(con, sorted(glob.glob(str(results / pattern), recursive=True)), q)
-        elif name in SCHEMAS:
+            continue
+        if name in SCHEMAS:
             # Union with an empty table of the current schema, so old files gain its new columns.
             empty = pa.Table.from_pylist([], schema=SCHEMAS[name])  # noqa: F841 (read by DuckDB)
             con.execute(f"CREATE OR REPLACE TABLE {q}_{name}_schema AS SELECT * FROM empty")
-            con.execute(f"CREATE OR REPLACE VIEW {q}{name} AS " + sql.format(g=str(results / pattern))
-                        + f" UNION ALL BY NAME SELECT * FROM {q}_{name}_schema")
-        else:
-            con.execute(f"CREATE OR REPLACE VIEW {q}{name} AS " + sql.format(g=str(results / pattern)))
+        tail = f" UNION ALL BY NAME SELECT * FROM {q}_{name}_schema" if name in SCHEMAS else ""
+        try:
+            con.execute(f"CREATE OR REPLACE VIEW {q}{name} AS " + _source(sql, None, str(results / pattern)) + tail)
+        except duckdb.Error:  # DuckDB reads the files' footers here: one broken file stops the view
+            files = sorted(glob.glob(str(results / pattern), recursive=True))
+            readable = _readable_only(name, results, files, warn)
+            if len(readable) == len(files):
+                raise  # not a broken file: DuckDB's own error
+            if not readable:
+                made.remove(name)
+                continue
+            con.execute(f"CREATE OR REPLACE VIEW {q}{name} AS " + _source(sql, readable, "") + tail)
     if "metrics" in made:
         con.execute(ENVIRONMENTS_VIEW.replace("VIEW environments", f"VIEW {q}environments")
                     .replace("FROM metrics", f"FROM {q}metrics"))

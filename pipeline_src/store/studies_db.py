@@ -3,36 +3,49 @@ studies' report tables side by side (`plan/studies.py` has the layout).
 
 `connect_studies` gives, for every kind of view of `store/results_db.py`, one view over every
 study's rows (each row carries its `experiment`: the metrics rows their own, other views get the
-study's name), plus each study's own views in a schema of its name (`"tiny".metrics`).
+study's name), plus each study's own views in a schema of its name (`"tiny".metrics`; `schema_of`
+has the rule for names DuckDB cannot take as they are), and `studies`: each study's schema.
 `compare_tables` joins one report table (`report/<table>.csv`) of two studies on its key columns.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import duckdb
+import pyarrow as pa
 
 from pipeline_src.plan.studies import RESULTS, list_studies
 from pipeline_src.store.results_db import VIEWS, _matches, add_views
 
 # DuckDB's own schemas: a study of one of these names gets a prefixed schema.
 RESERVED = {"main", "temp", "system", "information_schema", "pg_catalog"}
+PREFIX = "study_"
 # The columns that name a row of a report table (the rest are the study's figures): claims.csv's
 # (`reports/claims.py`); other tables (Table 1, 2, ...) are keyed by their first column.
 KEYS = {"claims": ["claim", "paper", "paper table/figure", "paper's figure"]}
 
 
 def schema_of(study: str) -> str:
-    """The schema of a study's own views."""
-    return f"study_{study}" if study.lower() in RESERVED else study
+    """The schema of a study's own views: its name, unique and from the name alone.
+
+    DuckDB's names ignore case, and a few are its own. So a capital letter is written as `^` and
+    the letter (`Tiny` -> `^tiny`: beside `tiny`, never a study's name, as `^` is in none), and a
+    name that is DuckDB's own or starts with `study_` gets `study_` in front (`main` ->
+    `study_main`, `study_main` -> `study_study_main`). Lower-case names stay as they are.
+    """
+    marked = "".join(f"^{c.lower()}" if c.isupper() else c for c in study)
+    return PREFIX + marked if marked in RESERVED or marked.startswith(PREFIX) else marked
 
 
-def connect_studies(root: str | Path = RESULTS, studies: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+def connect_studies(root: str | Path = RESULTS, studies: list[str] | None = None,
+                    warn: Callable[[str], None] | None = None) -> duckdb.DuckDBPyConnection:
     """A connection whose views hold every study's rows, each with an `experiment` column.
 
     Args:
         root: the folder of all studies.
         studies: the studies' names (default: every study under `root`).
+        warn: as `results_db.add_views`' (None: a file that does not read back raises).
     Raises:
         SystemExit: a named study is missing, or there is none.
     """
@@ -47,7 +60,7 @@ def connect_studies(root: str | Path = RESULTS, studies: list[str] | None = None
     made: dict[str, list[str]] = {}
     for study in studies:
         con.execute(f'CREATE SCHEMA "{schema_of(study)}"')
-        for view in add_views(con, root / study, schema_of(study), benchmarks=False):
+        for view in add_views(con, root / study, schema_of(study), benchmarks=False, warn=warn):
             made.setdefault(view, []).append(study)
     for view, owners in made.items():
         parts = []
@@ -57,6 +70,9 @@ def connect_studies(root: str | Path = RESULTS, studies: list[str] | None = None
             parts.append(f'SELECT {label}* FROM "{schema_of(study)}".{view}')
         con.execute(f"CREATE VIEW main.{view} AS " + " UNION ALL BY NAME ".join(parts))
     _add_benchmarks(con, root)  # results/benchmarks/: the machine's rows, shared by every study
+    schemas = pa.table({"experiment": studies, "schema": [schema_of(s) for s in studies]})  # noqa: F841 (DuckDB reads it)
+    con.execute("CREATE TABLE main._studies AS SELECT * FROM schemas")
+    con.execute("CREATE VIEW main.studies AS SELECT * FROM main._studies")
     return con
 
 

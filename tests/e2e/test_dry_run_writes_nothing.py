@@ -32,3 +32,23 @@ def test_dry_run_and_lint_write_nothing_a_real_run_caches(tmp_path):
     before = tree(tmp_path / "results")
     snakemake(tmp_path, "-n", "--cores", "2")
     assert tree(tmp_path / "results") == before
+
+
+def test_a_dry_run_of_a_dp_study_changes_no_mode(tmp_path):
+    """Issue 44, 5.7: with privacy enabled, a dry run made every file of the study 0600 (a real run
+    does: docs/privacy.md); a dry run writes nothing, modes included."""
+    import stat
+
+    import yaml
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["privacy"] = {"enabled": True, "public_train_size": 500}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    made = [results_of(tmp_path) / "prepare" / "notes.txt", tmp_path / ".snakemake" / "metadata" / "record"]
+    for f in made:
+        f.parent.mkdir(parents=True)
+        f.write_text("x")
+        f.chmod(0o644)
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [*made, *(f.parent for f in made)]}
+    snakemake(tmp_path, "-n", "--cores", "2")
+    assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes

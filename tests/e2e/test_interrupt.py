@@ -55,6 +55,18 @@ def processes_in(folder: Path) -> list[int]:
     return pids
 
 
+def processes_naming(folder: Path) -> list[int]:
+    """Pids of processes whose command line names a path in `folder` (a server of this test's sockets)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(folder).encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
 def training_now(workdir: Path, log: Path) -> bool:
     """A training job has started (its log exists) and not finished (no model yet)."""
     model = results_of(workdir, "tiny") / "train" / log.relative_to(results_of(workdir, "tiny") / "logs" / "train").with_suffix(".safetensors")
@@ -141,11 +153,12 @@ def result_files(workdir: Path, logs: bool = True) -> dict[str, tuple[int, int]]
     return files
 
 
-@pytest.mark.parametrize("forkserver", ["1", "0"])
+@pytest.mark.parametrize("forkserver", ["1", "0", "gpu-server"])
 def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forkserver):
     sockets = tmp_path / "sockets"  # a fork server of this test's own
     sockets.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": forkserver, "TMPDIR": str(sockets)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1" if forkserver == "gpu-server" else forkserver,
+           "PIPELINE_GPU_SERVER": "1" if forkserver == "gpu-server" else "0", "TMPDIR": str(sockets)}
     killed = copy_study(tiny_study, tmp_path / "killed")
     (killed / "config.yaml").write_text(yaml.safe_dump(tiny_one_method()))
     smk = subprocess.Popen([*SNAKEMAKE, "--directory", str(killed), "--cores", "2"], env=env, start_new_session=True,
@@ -169,6 +182,9 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
         assert result_files(killed) == after, "a file changed after the jobs stopped"
         new = {f: v for f, v in after.items() if not f.startswith("results/tiny/logs/") and at_kill.get(f) != v}
         assert not new, f"written after the kill: {sorted(new)}"
+        if forkserver == "gpu-server":  # it stopped the killed job's worker (above) and serves on
+            assert list(sockets.glob("vitpipe-gpu-*.sock"))
+            return
         for _ in range(50):
             if not list(sockets.glob("*.sock")):
                 break
@@ -176,6 +192,8 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
         assert not list(sockets.glob("*.sock")), "the fork server outlived the killed run's jobs"
     finally:
         for pid in processes_in(killed):  # on the code before the fix: do not leave the orphans running
+            os.kill(pid, signal.SIGKILL)
+        for pid in processes_naming(sockets):  # the GPU job server and its idle workers, started here
             os.kill(pid, signal.SIGKILL)
 
 

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -47,24 +48,102 @@ def test_report_shows_the_choice_and_the_selected_points_test_accuracy_in_the_ta
     table = (report / "search_selection.md").read_text()
     chosen = _choices(results_of(study), "taft-1")[0]
     assert chosen["shards"] == 1 and chosen["candidate"] in table
-    test = pq.read_table(results_of(study) / "metrics" / "evaluate" / chosen["candidate"] / "n1_s0" / "shards.parquet")  # N = 1: shard 0 only
+    # taft-1's own models train at the selected point; the grid points are validated only (never tested)
+    test = pq.read_table(results_of(study) / "metrics" / "evaluate" / "taft-1" / "n1_s0" / "shards.parquet")  # N = 1: shard 0 only
     acc = dict(zip(test.column("metric").to_pylist(), test.column("value").to_pylist()))["accuracy"]
     table1 = (report / "table1_methods.csv").read_text()
     assert f"taft-1,{acc}" in table1.replace(" ", "")  # Table 1's taft-1 is the selected point
     assert not re.search(r"taft-1_lr", table1)  # no other point's test accuracy
+    assert not (results_of(study) / "metrics" / "evaluate" / chosen["candidate"]).exists()
+    points = (report / "trained_points.csv").read_text()
+    assert f"taft-1,1,{chosen['candidate']},1," in points.replace(" ", "")
 
 
-def test_changing_one_grid_point_reruns_only_its_jobs_and_the_selection(study, tmp_path):
+def _selected(record: Path) -> dict:
+    return json.loads(record.read_text())["method_config"]["selected"]
+
+
+def test_every_n_and_side_study_trains_at_the_selected_point_and_records_it(study):
+    """Each searched method's jobs at every N, and the unlearning study's (N = 3, not searched: the
+    nearest searched N's choice, N = 2), train at the choice they read and record it."""
+    results = results_of(study)
+    for method in ("fc", "taft-1"):
+        choices = {c["shards"]: c for c in _choices(results, method)}
+        for n in (1, 2):
+            record = json.loads((results / "train" / method / f"n{n}_s0" / "shard0.json").read_text())
+            chosen = choices[n]
+            assert record["method_config"]["selected"]["candidate"] == chosen["candidate"]
+            assert record["method_config"]["lr"] == chosen["lr"]
+            if method == "taft-1":
+                assert record["method_config"]["reset"] is (not chosen["pt"])
+                assert record["method_config"]["reset_cls"] is chosen["cls"]
+    retrained = sorted((results / "unlearn_retrain" / "taft-1" / "n3_s0").rglob("composed.json"))
+    assert retrained
+    for record in retrained:
+        selected = _selected(record)
+        assert selected["chosen_at_shards"] == 2
+        assert selected["candidate"] == {c["shards"]: c for c in _choices(results, "taft-1")}[2]["candidate"]
+
+
+def _dry_outputs(work: Path) -> list[str]:
+    proc = snakemake(work, "-n", "--cores", "2")
+    return sorted(o for o in planned_outputs(proc) if "signatures/" not in o)
+
+
+FC_DEPENDANTS = sorted([  # fc trains at its selection at N = 1 and 2 (the tiny study's shards), nowhere else
+    "results/tiny/train/fc/n1_s0/shard0.safetensors, results/tiny/train/fc/n1_s0/shard0.json",
+    "results/tiny/train/fc/n2_s0/shard0.safetensors, results/tiny/train/fc/n2_s0/shard0.json",
+    "results/tiny/train/fc/n2_s0/shard1.safetensors, results/tiny/train/fc/n2_s0/shard1.json",
+    "results/tiny/compose/fc/n2_s0/soup.safetensors, results/tiny/compose/fc/n2_s0/soup.json",
+    "results/tiny/metrics/evaluate/fc/n1_s0/shards.parquet",
+    "results/tiny/metrics/evaluate/fc/n2_s0/shards.parquet",
+    "results/tiny/metrics/evaluate/fc/n2_s0/soup.parquet",
+    "results/tiny/report"])
+
+
+def _set_accuracy(path: Path, value: float) -> None:
+    t = pq.read_table(path)
+    values = [value if m == "accuracy" else v for m, v in zip(t.column("metric").to_pylist(), t.column("value").to_pylist())]
+    pq.write_table(t.set_column(t.schema.get_field_index("value"), "value", pa.array(values, pa.float64())), path)
+
+
+def test_a_changed_validation_result_reruns_exactly_the_dependants_of_a_changed_selection(study, tmp_path):
+    """Real runs and dry runs. A validation result of one fc point changes: fc's selection reruns, and
+    every job that trains at it (and what reads those) is planned. When the choice stays the same the
+    record's bytes do too, and after `select` only the report (which lists every candidate's figure)
+    is left; when the choice changes, exactly fc's dependants rerun. Nothing of taft-1, nlft-1 or the
+    grid points reruns."""
+    work = copy_study(study, tmp_path / "work", parts=None)
+    (work / "config.yaml").write_text((study / "config.yaml").read_text())
+    results = results_of(work)
+    assert _dry_outputs(work) == []
+    before = _choices(results, "fc")
+    select = "results/tiny/select/fc.parquet, results/tiny/select/fc.json"
+    _set_accuracy(results / "validate" / "fc_lr1e-4" / "n1_s0" / "shard.parquet", 0.01)  # still not chosen
+    assert _dry_outputs(work) == sorted([select, *FC_DEPENDANTS])
+    snakemake(work, "--cores", "2", "search")
+    assert _choices(results, "fc") == before
+    assert _dry_outputs(work) == ["results/tiny/report"]  # the same choice: nothing trains again
+    _set_accuracy(results / "validate" / "fc_lr1e-4" / "n2_s0" / "soup.parquet", 0.99)  # now chosen at N = 2
+    snakemake(work, "--cores", "2", "search")
+    assert {c["shards"]: c["candidate"] for c in _choices(results, "fc")}[2] == "fc_lr1e-4"
+    assert _dry_outputs(work) == FC_DEPENDANTS
+
+
+def test_changing_one_grid_point_reruns_only_its_jobs_the_selection_and_its_dependants(study, tmp_path):
     cfg = yaml.safe_load((study / "config.yaml").read_text())
     cfg["search"]["lrs"] = [0.001, 0.0003]  # 1e-4 -> 3e-4
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(cfg))
     proc = snakemake(study, "-n", "--cores", "2", "--configfile", str(tmp_path / "changed.yaml"))
     outputs = planned_outputs(proc)
     assert any("fc_lr3e-4" in o for o in outputs) and any("taft-1_lr3e-4_ptF_clsT" in o for o in outputs)
-    others = [o for o in outputs if "_lr3e-4" not in o and "signatures/" not in o]
-    assert sorted(others) == sorted(["results/tiny/select/fc.parquet, results/tiny/select/fc.json",
-                                     "results/tiny/select/taft-1.parquet, results/tiny/select/taft-1.json",
-                                     "results/tiny/report"])
+    others = sorted(o for o in outputs if "_lr3e-4" not in o and "signatures/" not in o)
+    # what a rerun of both selections reruns: they, and the jobs that train at them (and their dependants)
+    dependants = planned_outputs(snakemake(study, "-n", "--cores", "2", "--forcerun", "select"))
+    assert others == sorted(o for o in dependants if "signatures/" not in o)
+    assert "results/tiny/select/fc.parquet, results/tiny/select/fc.json" in others
+    assert set(FC_DEPENDANTS) <= set(others)
+    assert not [o for o in others if "nlft-1" in o and "paragon" not in o]  # nlft-1 trains at its own settings
 
 
 def test_rewritten_test_rows_change_no_choice(study, tmp_path):

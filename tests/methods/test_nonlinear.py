@@ -47,3 +47,30 @@ def test_nlft_on_deit_distilled_trains_both_heads():
     trainable = {n for n, p in tuned.named_parameters() if p.requires_grad}
     assert {"model.head_dist.weight", "model.head.weight", "model.blocks.1.attn.qkv.weight"} <= trainable
     assert "model.blocks.0.attn.qkv.weight" not in trainable
+
+
+def test_cls_true_trains_a_class_token_entering_the_tuned_blocks():
+    """NLFT's CLS = T (the TAFT paper's Table 4 searched it for NLFT-1): the class-token row of the
+    tuned blocks' input is a trained token; it is part of the trained state and reloads."""
+    import pytest
+
+    from pipeline_src.methods.registry import build_tuned_model, train_cross_entropy
+
+    backbone = tiny_vit(seed=0)
+    model = build_tuned_model(backbone, {"kind": "nlft", "k": 1, "reset_cls": True}, 5, seed=0)
+    plain = build_tuned_model(backbone, {"kind": "nlft", "k": 1}, 5, seed=0)
+    assert set(model.trainable_state()) == set(plain.trainable_state()) | {"tail_cls.weight"}
+    x = torch.randn(6, 1, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(6) % 5
+    h = model.prefix(x)
+    assert not torch.allclose(model.forward_from_prefix(h), plain.forward_from_prefix(h))  # the row is replaced
+    start = model.trainable_state()["tail_cls.weight"]
+    train_cross_entropy(model, h, y, {"epochs": 2, "batch_size": 3, "lr": 1e-2, "weight_decay": 0.0}, 0, "t")
+    trained = model.trainable_state()
+    assert not torch.equal(trained["tail_cls.weight"], start)  # the token learns
+    again = build_tuned_model(backbone, {"kind": "nlft", "k": 1, "reset_cls": True}, 5, seed=0)
+    again.load_trainable_state(trained)
+    assert torch.equal(again.forward_from_prefix(h), model.forward_from_prefix(h))
+    with pytest.raises(ValueError, match="reset_cls"):
+        build_tuned_model(backbone, {"kind": "nlft", "k": 1, "reset_cls": True}, 5, seed=0).__class__(
+            tiny_vit(seed=0), k=0, reset_cls=True)

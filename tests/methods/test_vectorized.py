@@ -15,6 +15,7 @@ torch.set_num_threads(1)  # tiny tensors: extra threads only add sync cost on th
 CONFIGS = {
     "fc": {"kind": "fc"},
     "nlft": {"kind": "nlft", "k": 1},
+    "nlft-cls": {"kind": "nlft", "k": 1, "reset_cls": True},  # CLS = T: the trained class token (search)
     "last": {"kind": "last", "rank": 4, "heads": 2, "every": 1, "modules_per_block": 2},
 }
 SETTINGS = {"epochs": 3, "batch_size": 5, "lr": 1e-2, "weight_decay": 1e-2,

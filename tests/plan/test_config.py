@@ -51,3 +51,27 @@ def test_feature_cache_auto_recomputes_the_prefix_on_a_gpu_only_where_nothing_ve
         cfg.update(shards=shards, fusion={"enabled": False}, forget={"study": {"enabled": False}},
                    privacy={"enabled": False})
     assert validate_config(cfg, count_samples=False)["features"]["cache"] is resolved
+
+
+@pytest.mark.parametrize("name, why", [
+    ("-rf", "no option like '-rf'"),        # was accepted; `query --study -rf` then failed in argparse
+    (".hidden", "no hidden folder"),
+    ("..", "no hidden folder"),
+    ("a/b", "letters, digits"),
+    ("x" * 300, "has 300 characters; a study's name has at most 100"),  # was OSError: File name too long
+    ("benchmarks", "is taken"),
+])
+def test_experiment_is_a_folder_name(name, why):
+    """Issue 44, 5.7: `experiment` is validated as a folder name before any job, naming the key."""
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["experiment"] = name
+    with pytest.raises(ConfigError, match="config key 'experiment'") as err:
+        validate_config(cfg, count_samples=False)
+    assert why in str(err.value) and len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("name", ["tiny", "Tiny", "digits-transfer", "_x", "a.b", "x" * 100])
+def test_ordinary_experiment_names_are_valid(name):
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["experiment"] = name
+    assert validate_config(cfg, count_samples=False)["experiment"] == name

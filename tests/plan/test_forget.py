@@ -227,3 +227,27 @@ def test_single_sample_requests_touch_one_shard_at_every_n():
             assert len(one) == 1 and len(forgotten_by_shard(manifest, one)) == 1
         assert len(forgotten_by_shard(manifest, random_request(ids, 0.1, seed=0, request=0))) == n
     assert len({tuple(random_request(ids, 0, seed=0, request=r)) for r in range(5)}) == 5  # different people
+
+
+def test_a_request_that_is_not_utf8_names_the_file_and_the_key(tmp_path):
+    """Issue 44, 5.6: a Latin-1 file gave a UnicodeDecodeError traceback naming neither."""
+    from pipeline_src.plan.config import ConfigError
+
+    cfg = _tiny_cfg(tmp_path, [])
+    (tmp_path / "forget.txt").write_bytes("d/5/0\ncaf\xe9/1\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        _validate(cfg)
+    message = str(err.value)
+    assert message.startswith(f"config key 'forget.requests' ({tmp_path / 'forget.txt'})"), message
+    assert "not UTF-8" in message and "line 2" in message
+
+
+def test_a_huge_line_is_not_echoed_whole(tmp_path):
+    """Issue 44, 5.6: a 10 MB line (no line breaks) came back whole in the error."""
+    from pipeline_src.plan.config import ConfigError
+
+    cfg = _tiny_cfg(tmp_path, [])
+    (tmp_path / "forget.txt").write_text("x" * 10_000_000)
+    with pytest.raises(ConfigError, match="forget.requests") as err:
+        _validate(cfg)
+    assert len(str(err.value)) < 400 and "10,000,000 characters" in str(err.value)

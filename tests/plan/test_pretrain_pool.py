@@ -15,6 +15,7 @@ from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.plan.forget import ForgetRequestError, validate_request
 from pipeline_src.plan.pretrain_pool import check_disjoint
 from pipeline_src.plan.samples import assign_splits, list_samples, split_and_limit
+from pipeline_src.plan.step_settings import dataset_signature, settings_for
 from tests.conftest import REPO, snakemake
 
 POOL = {"fraction": 0.5, "classes": None, "seed": 3, "val_fraction": 0.1, "test_fraction": 0.1}
@@ -128,5 +129,29 @@ def test_the_backbone_records_the_pool_it_saw(tmp_path):
     assert set(ids) == _rows(table, "source") and all(_hash_unit(i, "pool/7") < 0.4 for i in ids)
     assert record["key"] == "pool/7" and record["count"] == len(ids) == sum(record["count_per_split"].values())
     assert record["definition"]["fraction"] == 0.4 and record["classes"] == [str(d) for d in range(10)]
-    assert record["ids_sha256"] == hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+    # no unkeyed digest of the pool's ids: it would let a reader confirm a guessed pool (issue 43)
+    plain = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+    assert "ids_sha256" not in record and plain not in (tmp_path / study / "pretrain/backbone.json").read_text()
     assert not set(ids) & _rows(table, "target")
+
+
+def test_a_dp_study_pretrains_on_a_pool_only_when_it_is_declared_public():
+    """The release ships the backbone, trained without DP on the pool (docs/privacy.md): refused at
+    validation, naming the key, unless the study declares the pool public."""
+    raw = _study()
+    raw["privacy"] = {"enabled": True, "methods": ["taft-1"], "regimes": ["fc"], "epsilons": [8], "shards": [1],
+                      "public_train_size": 500}
+    with pytest.raises(ConfigError, match=r"dataset\.pretrain_pool\.public.*WITHOUT differential privacy"):
+        validate_config(raw, count_samples=False)
+    raw["dataset"]["pretrain_pool"]["public"] = True
+    assert validate_config(raw, count_samples=False)["dataset"]["pretrain_pool"]["public"] is True
+
+
+def test_declaring_the_pool_public_reruns_nothing():
+    declared, plain = _study(), _study()
+    declared["dataset"]["pretrain_pool"]["public"] = True
+    declared, plain = validate_config(declared, count_samples=False), validate_config(plain, count_samples=False)
+    assert "public" not in plain["dataset"]["pretrain_pool"]  # absent: not public, and no default to add
+    for rule in ("prepare", "pretrain"):
+        assert settings_for(rule, declared) == settings_for(rule, plain), rule
+    assert dataset_signature(declared) == dataset_signature(plain)

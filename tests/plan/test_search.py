@@ -23,24 +23,26 @@ def test_the_default_grid_is_the_papers():
     cfg = validate_config(_config(enabled=True, methods=["nlft-1", "taft-1"]), count_samples=False)
     assert cfg["search"]["lrs"] == [0.001, 0.0001]
     assert cfg["search"]["taft"] == {"pt": [True, False], "cls": [True, False]}
-    # nlft-1 trains at train.lr (1e-3, a grid point: it keeps its name); taft-1 (lr 1e-3, PT = T, CLS = F) too
-    assert [p["name"] for p in grid(cfg, "nlft-1")] == ["nlft-1", "nlft-1_lr1e-4"]
+    assert cfg["search"]["nlft"] == {"cls": [True, False]}  # Table 4 chose CLS for NLFT-1 too
+    # every point has its own name: the method's name stands for its selected point (plan/selected_point.py)
+    assert [p["name"] for p in grid(cfg, "nlft-1")] == ["nlft-1_lr1e-3_clsT", "nlft-1_lr1e-3_clsF",
+                                                        "nlft-1_lr1e-4_clsT", "nlft-1_lr1e-4_clsF"]
     names = [p["name"] for p in grid(cfg, "taft-1")]
-    assert len(names) == 8 and names[1] == "taft-1"
+    assert len(names) == 8 and "taft-1" not in names and names[1] == "taft-1_lr1e-3_ptT_clsF"
     assert "taft-1_lr1e-4_ptF_clsT" in names
     point = cfg["methods"]["taft-1_lr1e-4_ptF_clsT"]
     assert point == {**cfg["methods"]["taft-1"], "lr": 0.0001, "reset": True, "reset_cls": True}
     assert cfg["search"]["variants"]["taft-1_lr1e-4_ptF_clsT"] == {"base": "taft-1", "lr": 0.0001, "pt": False,
                                                                   "cls": True}
-    assert cfg["methods"]["nlft-1_lr1e-4"] == {"kind": "nlft", "k": 1, "lr": 0.0001}
+    assert cfg["methods"]["nlft-1_lr1e-4_clsT"] == {"kind": "nlft", "k": 1, "lr": 0.0001, "reset_cls": True}
     assert "fc_lr1e-4" not in cfg["methods"]  # not searched
 
 
-def test_a_base_off_the_grid_is_no_candidate():
+def test_a_base_off_the_grid_is_still_searched_and_trained():
     cfg = _config(enabled=True, methods=["taft-1"], taft={"pt": [False], "cls": [True]})
     cfg = validate_config(cfg, count_samples=False)
     assert [p["name"] for p in grid(cfg, "taft-1")] == ["taft-1_lr1e-3_ptF_clsT", "taft-1_lr1e-4_ptF_clsT"]
-    assert "taft-1" in cfg["methods"]  # still trained: the other studies name it
+    assert "taft-1" in cfg["methods"]  # trained at its selected point: the other studies name it
 
 
 def test_disabled_search_adds_nothing_and_validation_is_idempotent():
@@ -60,8 +62,9 @@ def test_grid_points_stay_out_of_the_studies_that_default_to_every_method():
     cfg["privacy"] = {"enabled": True, "public_train_size": 500}
     cfg = validate_config(cfg, count_samples=False)
     assert fusion_methods(cfg) == ["nlft-1", "last"]
-    # the learning-rate points stay out; the DP search's own PT points join (the paper searched PT for DP)
-    assert privacy_methods(cfg) == ["nlft-1", "taft-1", "taft-1-vec", "last", "taft-1_dp_ptF", "taft-1-vec_dp_ptF"]
+    # the learning-rate points stay out; the DP search's own PT points join (the paper searched PT for DP):
+    # each taft method's other PT (taft-1 linearizes at the pretrained weights, taft-1-vec resets)
+    assert privacy_methods(cfg) == ["nlft-1", "taft-1", "taft-1-vec", "last", "taft-1_dp_ptF", "taft-1-vec_dp_ptT"]
 
 
 @pytest.mark.parametrize("search, key", [
@@ -75,8 +78,8 @@ def test_bad_search_keys_are_named(search, key):
 
 def test_a_method_named_like_a_grid_point_is_refused():
     cfg = _config(enabled=True, methods=["nlft-1"])
-    cfg["methods"]["nlft-1_lr1e-4"] = {"kind": "nlft", "k": 1, "lr": 0.5}
-    with pytest.raises(ConfigError, match=r"methods\.nlft-1_lr1e-4.*grid point"):
+    cfg["methods"]["nlft-1_lr1e-4_clsT"] = {"kind": "nlft", "k": 1, "lr": 0.5}
+    with pytest.raises(ConfigError, match=r"methods\.nlft-1_lr1e-4_clsT.*grid point"):
         validate_config(cfg, count_samples=False)
 
 
@@ -94,7 +97,7 @@ def test_expand_search_names_the_searched_kinds():
     cfg = validate_config(_config(), count_samples=False)
     cfg["search"].update(enabled=True, methods=["fc"])
     expand_search(cfg)
-    assert list(cfg["search"]["variants"]) == ["fc_lr1e-4"]
+    assert list(cfg["search"]["variants"]) == ["fc_lr1e-3", "fc_lr1e-4"]
 
 
 def test_the_privacy_study_searches_pt_for_its_taft_methods():
@@ -139,4 +142,20 @@ def test_a_methods_shards_are_some_of_the_studys():
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["methods"]["nlft-1"]["shards"] = [1, 7]
     with pytest.raises(ConfigError, match=r"'methods\.nlft-1\.shards': \[7\] not in the study's"):
+        validate_config(cfg, count_samples=False)
+
+
+@pytest.mark.parametrize("variants, given, why", [
+    ({"fc_lr1e-2": {"base": "fc", "lr": 0.01}}, None, "no method of that name"),  # a point wanted by hand
+    ({"fc_lr1e-2": {"base": "fc", "lr": 0.01}}, {"kind": "fc", "lr": 0.02}, "is not the point of 'fc'"),
+    ({"fc_lr1e-2": {"base": "nope", "lr": 0.01}}, {"kind": "fc", "lr": 0.01}, "its base 'nope' is not a method"),
+])
+def test_search_variants_set_by_hand_are_refused_by_name(variants, given, why):
+    """Issue 44, 5.7: `search.variants` set by hand was silently dropped (with a method of that
+    name): it is validation's record of the grid points, so a config may carry it only as written."""
+    cfg = _config(enabled=True, methods=["fc"])
+    cfg["search"]["variants"] = variants
+    if given:
+        cfg["methods"]["fc_lr1e-2"] = given
+    with pytest.raises(ConfigError, match=f"config key 'search.variants.fc_lr1e-2': .*{why}.*search.lrs"):
         validate_config(cfg, count_samples=False)

@@ -48,9 +48,10 @@ def test_without_per_image_records_the_point_gap_says_yes_or_no_and_no_test_ran(
 
 
 def test_searched_methods_show_the_selected_point_only(tmp_path):
-    """`metrics_selected`: taft-1's own settings are off the grid, its point lr1e-4 was selected on
-    validation, and the other point has the better test accuracy: the claims and Table 1 show the
-    selected point's test figure under taft-1's name, nothing of the others."""
+    """`metrics_selected`: taft-1's own rows are its selected point's (lr1e-4, chosen on validation;
+    its jobs train there, plan/selected_point.py); grid points' test rows (an older layout tested
+    them; the other point has the better test accuracy) are left out: the claims and Table 1 show
+    taft-1's figure, nothing of the points."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -59,8 +60,8 @@ def test_searched_methods_show_the_selected_point_only(tmp_path):
     from pipeline_src.store.results_db import connect
 
     sel, other = "taft-1_lr1e-4_ptF_clsT", "taft-1_lr1e-3_ptF_clsT"
-    rows = _seeded({"fc": [0.70], "nlft-1": [0.80], "taft-1": [0.50]})
-    rows += [{**row("taft-1", "shard", 1, 0.90), "method": sel}, {**row("taft-1", "shard", 1, 0.95), "method": other}]
+    rows = _seeded({"fc": [0.70], "nlft-1": [0.80], "taft-1": [0.90]})
+    rows += [{**row("taft-1", "shard", 1, 0.85), "method": sel}, {**row("taft-1", "shard", 1, 0.95), "method": other}]
     results = write_study(tmp_path, rows)
     candidates = [{"name": sel, "lr": 1e-4, "pt": False, "cls": True}, {"name": other, "lr": 1e-3, "pt": False, "cls": True}]
     val = [{"method": sel, "shards": 1, "model": "shard", "value": 0.6}, {"method": other, "shards": 1, "model": "shard",

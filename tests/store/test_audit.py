@@ -74,3 +74,24 @@ def test_a_copy_outside_its_results_folder_gets_a_one_line_error(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("audit: component results/train/m/n2_s0/shard0.safetensors of ")
     assert "its own results folder" in proc.stderr
+
+
+def test_a_composed_model_moved_out_of_the_old_layout_is_audited(tmp_path):
+    """Issue 44, 5.3: after `move-old-layout` the records still name results/train/...; the audit
+    ended in rc 2 ("is in no folder above it"). It reads them from the study's own folder."""
+    from pipeline_src.plan.studies import move_old_layout
+
+    comps = [{"path": f"results/train/m/n2_s0/shard{i}.safetensors", "shard_id": i, "num_samples": n}
+             for i, n in ((0, 2), (1, 1))]
+    _tree(tmp_path, ["a", "b", "c"], comps)  # the old layout: results/<step>/...
+    (tmp_path / "results/prepare").mkdir()
+    (tmp_path / "results/prepare/samples.parquet").write_bytes(b"")  # what marks an old layout
+    move_old_layout("tiny", tmp_path)
+    soup = tmp_path / "results/tiny/compose/m/n2_s0/soup.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "pipeline_src.store.audit", "--study", "tiny",
+                           "compose/m/n2_s0/soup.safetensors", "c"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr
+    assert f"TRAINED ON 1 of the ids: {tmp_path}/results/tiny/train/m/n2_s0/shard1.safetensors: c" in proc.stdout
+    result = audit_model(soup, ["zzz"])
+    assert result.clean and len(result.checked) == 3

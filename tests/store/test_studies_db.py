@@ -103,6 +103,23 @@ def test_the_views_over_several_studies_carry_their_experiment(tmp_path):
         connect_studies(root, ["a", "c"])
 
 
+def test_names_duckdb_cannot_tell_apart_get_schemas_of_their_own(tmp_path):
+    """Issue 44, 5.5: `tiny` beside `Tiny`, or `main` beside `study_main`, ended in CatalogException
+    (DuckDB's names ignore case; `main` was given `study_main`, another study's name)."""
+    root = tmp_path / "results"
+    names = ["Tiny", "main", "study_main", "tiny", "TINY"]
+    for i, name in enumerate(names):
+        _metrics(root / name / "metrics" / "evaluate", name, [float(i)] * (i + 1))
+    con = connect_studies(root)
+    schemas = dict(con.sql("SELECT experiment, schema FROM studies").fetchall())
+    assert schemas == {"Tiny": "^tiny", "main": "study_main", "study_main": "study_study_main", "tiny": "tiny",
+                       "TINY": "^t^i^n^y"}
+    for i, name in enumerate(names):  # each schema holds its own study's rows only
+        rows = con.sql(f'SELECT DISTINCT experiment, count(*) FROM "{schemas[name]}".metrics GROUP BY 1').fetchall()
+        assert rows == [(name, i + 1)]
+    assert con.sql("SELECT count(*) FROM metrics").fetchall() == [(15,)]
+
+
 def test_two_report_tables_side_by_side(tmp_path):
     for study, rows in (("a", "method,accuracy\nfc,0.5\ntaft-1,0.6\n"), ("b", "method,accuracy,extra\nfc,0.7,1\n")):
         (tmp_path / study / "report").mkdir(parents=True)

@@ -11,6 +11,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [workflow.basedir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != workflow.basedir]
 )
 
+from pipeline_src.plan.private_workspace import close_snakemake_log, owner_only_umask, privacy_requested
+
+if privacy_requested(config):  # a DP study: before the parse logs a line into Snakemake's log (made 0644)
+    owner_only_umask()
+    close_snakemake_log()
+
 
 envvars:
     "PYTHONPATH",  # declared, so remote executors (Slurm) pass it on to jobs too
@@ -19,13 +25,14 @@ envvars:
 from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache, kind_of
 from pipeline_src.plan.feature_budget import side_everys
-from pipeline_src.plan.job_settings import RUN_ONLY, training_signature as training_signature_json
+from pipeline_src.plan.job_settings import INIT_RULE, RUN_ONLY, training_signature as training_signature_json
 from pipeline_src.plan.environment import warn_on_lock_drift
 from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
-from pipeline_src.plan.search import method_shards
-from pipeline_src.plan.step_settings import settings_for
+from pipeline_src.plan.search import is_variant, method_shards
+from pipeline_src.plan.selected_point import PRIVATE_AXES, TRAIN_AXES, selected_at, selection_file
+from pipeline_src.plan.step_settings import dataset_signature, settings_for
 from pipeline_src.plan.vectorized import train_method_constraint, vectorized_jobs
 
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
@@ -53,7 +60,10 @@ if workflow.is_main_process and _study_root:
     # Files a killed run had deleted to rebuild them (a --forcerun): inputs of `all`, so rebuilt.
     KILLED_REBUILDS = killed_rebuilds(_study_root)
     if KILLED_REBUILDS:
-        logger.info(f"{len(KILLED_REBUILDS)} file(s) deleted by a killed run are rebuilt, e.g. {KILLED_REBUILDS[0]}")
+        logger.info(
+            f"{len(KILLED_REBUILDS)} file(s) deleted by a killed run or check_outputs --rebuild are rebuilt,"
+            f" e.g. {KILLED_REBUILDS[0]}"
+        )
 else:
     KILLED_REBUILDS = []
 
@@ -80,27 +90,46 @@ if workflow.is_main_process:  # the estimated feature cache sizes (refused over 
 
 R = _study_root  # results/<experiment>, named before validation (which refuses a bad name): every rule builds its paths from R
 
-if workflow.is_main_process:
-    # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given), so
-    # two studies on one cluster are told apart. The executor's settings reach the workflow only
-    # when it executes, after this parse: set the prefix then.
-    _execute = workflow.execute
+if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from now on (plan/private_workspace.py)
+    from pipeline_src.plan.private_workspace import owner_only_metadata, tighten
 
-    def _execute_named(*args, executor_settings=None, **kwargs):
+    owner_only_umask()  # again: a privacy the check at the top did not read as enabled
+    owner_only_metadata()  # Snakemake chmods its metadata 0660 whatever the umask: 0600 from its first byte
+
+if workflow.is_main_process:
+    # What Snakemake tells only when it executes, after this parse: whether this is a dry run, and
+    # the executor's settings.
+    from pipeline_src.plan.study_lock import StudyRunning, lock_study, refuse_unlock_while_running
+
+    _execute, _unlock = workflow.execute, workflow.unlock
+
+    def _execute_study(*args, executor_settings=None, **kwargs):
+        if not kwargs["executor_plugin"].common_settings.dryrun_exec:  # a dry run writes nothing, modes included
+            if workflow.execution_settings.lock:  # one run per study, whatever the other studies do (--nolock: none)
+                try:
+                    lock_study(config["experiment"])
+                except StudyRunning as err:
+                    raise WorkflowError(str(err)) from None
+            if config["privacy"]["enabled"]:  # once per run, not again in each job's parse
+                tighten([R, ".snakemake"])
+        # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given),
+        # so two studies on one cluster are told apart.
         if getattr(executor_settings, "jobname_prefix", None) == "":
             executor_settings.jobname_prefix = slurm_jobname_prefix(config["experiment"])
         return _execute(*args, executor_settings=executor_settings, **kwargs)
 
-    workflow.execute = _execute_named
+    def _unlock_study():
+        try:
+            refuse_unlock_while_running(config["experiment"])
+        except StudyRunning as err:
+            raise WorkflowError(str(err)) from None
+        return _unlock()
 
-if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from now on (plan/private_workspace.py)
-    from pipeline_src.plan.private_workspace import owner_only_umask, tighten
+    workflow.execute, workflow.unlock = _execute_study, _unlock_study
 
-    owner_only_umask()
-    if workflow.is_main_process:  # once per run, not again in each job's parse
-        tighten([R, ".snakemake"])
+if config["privacy"]["enabled"]:
 
-    # Snakemake writes its job metadata 0660 whatever the umask: close it when the run ends.
+    # What Snakemake made before this parse (its log) or beside the patched writer: closed when the run ends.
     onsuccess:
         tighten([".snakemake"])
 
@@ -121,6 +150,10 @@ onstart:
     # Outputs about to be deleted and rebuilt: a kill before Snakemake marks them incomplete loses nothing.
     journal_rebuilds(R, [str(f) for job in workflow.dag.needrun_jobs() for f in job.output])
     write_held()  # the validation cache: a run that starts jobs, never a dry run
+    if config["privacy"]["enabled"]:  # its non-DP models are private workspace from now on (methods/export.py)
+        from pipeline_src.plan.private_workspace import mark_dp_study
+
+        mark_dp_study(R)
 
 
 STUDY_METRICS = []  # metrics files of the extra studies (fusion, privacy, forget) the report reads
@@ -138,6 +171,12 @@ wildcard_constraints:
     shard=r"\d+",
     cache=r"last\d+|blocks",
     name=r"upstream|(train|private)-[^/]+",
+
+
+def rebuilds(wildcards):
+    """The journaled files (`KILLED_REBUILDS`) that this study still builds. One that it no longer
+    builds (its method taken out of the config) is left out, not demanded by `all`."""
+    return [f for f in KILLED_REBUILDS if any(r.is_producer(f) for r in workflow.rules)]
 
 
 def step_settings(rule):
@@ -162,6 +201,23 @@ def signature_of(method_name):
 
 def train_inputs(w):
     return train_inputs_of(w.method, w.shards, w.seed, int(w.shard))
+
+
+def selected_point(name, shards, axes=TRAIN_AXES):
+    """A job's `selected_at` param (`plan/selected_point.py`): which choice of its method's search it
+    trains at (N: the models' own, a full-data model's 1), or None where it trains at its own settings."""
+    return selected_at(config, name, int(shards), axes)
+
+
+def selection_input(name, shards, axes=TRAIN_AXES):
+    """{"selection": the `select` record} for a job with a `selected_at`, else {}: a rerun `select`
+    reruns exactly the jobs that train at its choice (and their dependants)."""
+    spec = selected_point(name, shards, axes)
+    return {"selection": selection_file(R, spec["base"])} if spec else {}
+
+
+def fusion_train_inputs(w):
+    return {**train_inputs(w), **selection_input(w.method, w.shards)}
 
 
 def shard_manifests(shards, seed, shard=None):
@@ -192,13 +248,19 @@ def train_inputs_of(method_name, shards, seed, shard=None):
     }
 
 
-def shard_job_inputs(w, signature):
+def shard_job_inputs(w, signature, axes=TRAIN_AXES):
     """A shard job's inputs: its own manifest, and the signature files of its settings and of the
     shared upstream (rule `signature`), by timestamp; the shared upstream files (samples,
     backbone, features) as `ancient`, so a rerun of `prepare` or `features` for new data does not
-    rerun shards whose members did not change (the shard manifest job has no inputs: forget.smk)."""
+    rerun shards whose members did not change (the shard manifest job has no inputs: forget.smk);
+    a searched method's `select` record (`selection_input`, the grid `axes` it takes)."""
     inputs = {k: v if k == "manifest" else ancient(v) for k, v in train_inputs(w).items()}
-    return {**inputs, "signature": signature_path(signature), "upstream": signature_path("upstream")}
+    return {
+        **inputs,
+        "signature": signature_path(signature),
+        "upstream": signature_path("upstream"),
+        **selection_input(w.method, w.shards, axes),
+    }
 
 
 def vectorized_job_inputs(method_name, shards, seed, trained):
@@ -213,6 +275,7 @@ def vectorized_job_inputs(method_name, shards, seed, trained):
         "manifest": manifests,
         "signature": signature_path(f"train-{method_name}"),
         "upstream": signature_path("upstream"),
+        **selection_input(method_name, shards),
     }
 
 
@@ -242,7 +305,7 @@ def upstream_signature():
     source_ids = [i for i, task in zip(t["sample_id"], t["task"]) if task == "source"]
     return json.dumps(
         {
-            "dataset": config["dataset"],
+            "dataset": dataset_signature(config),
             "backbone": config["backbone"],
             "features": config["features"],
             "seed": config["seed"],
@@ -275,7 +338,9 @@ def evaluation_targets():
     and seed in one file, and the soup's for N > 1."""
     out = []
     for m in METHODS:
-        for n in method_shards(config, m):  # its own `shards`; a search's grid point: where the search runs
+        if is_variant(config, m):  # a search's grid point: validated only (select.smk), its method tested
+            continue
+        for n in method_shards(config, m):  # its own `shards`
             for s in SEEDS:
                 base = f"{R}/metrics/evaluate/{m}/n{n}_s{s}"
                 out.append(f"{base}/shards.parquet")
@@ -315,7 +380,7 @@ def unlearn_drop_inputs(w):
     }
     if kind_of(config["methods"][w.method]).tangent:
         inputs["composed"] = f"{R}/compose/{w.method}/n{w.shards}_s{w.seed}/soup.safetensors"
-    return inputs
+    return {**inputs, **selection_input(w.method, w.shards)}
 
 
 def unlearn_retrain_inputs(w):
@@ -324,6 +389,7 @@ def unlearn_retrain_inputs(w):
         "backbone": f"{R}/pretrain/model.safetensors",
         "models": shard_models(w),
         **_study_cache_input(w),
+        **selection_input(w.method, w.shards),
     }
 
 
@@ -333,6 +399,7 @@ def unlearn_paragon_inputs(w):
         "backbone": f"{R}/pretrain/model.safetensors",
         "full": f"{R}/train/{w.method}/n1_s{w.seed}/shard0.safetensors",
         **_study_cache_input(w),
+        **selection_input(w.method, 1),  # the paragon is a full-data model
     }
 
 
@@ -351,7 +418,8 @@ def nonlinear_paragon_signature(w):
     name, method = nonlinear_paragon(config, w.method)
     settings = {k: method.get(k, v) for k, v in config["train"].items() if k not in RUN_ONLY}  # as training_signature
     return json.dumps(
-        {"paragon": name, "method": method, "train": settings, "head_seed": config["seed"]}, sort_keys=True
+        {"paragon": name, "method": method, "train": settings, "head_seed": config["seed"], "init_seeds": INIT_RULE},
+        sort_keys=True,
     )
 
 
@@ -401,7 +469,9 @@ def private_signature_of(protocol, method_name):
     """Canonical JSON of what determines a DP model besides its inputs and wildcards."""
     method = dp_method_config(config["methods"][method_name], protocol, PRIV["jvp_only"])
     dp = dp_settings(config, protocol)
-    return json.dumps({"method": method, "dp": dp, "head_seed": config["seed"]}, sort_keys=True)
+    return json.dumps(
+        {"method": method, "dp": dp, "head_seed": config["seed"], "init_seeds": INIT_RULE}, sort_keys=True
+    )
 
 
 def private_shard_models(w):

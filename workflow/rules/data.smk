@@ -10,7 +10,7 @@ rule prepare:
         "../envs/pipeline.yaml"
     threads: 2  # decoding threads
     params:
-        signature=json.dumps({"dataset": config["dataset"], "seed": config["seed"]}, sort_keys=True),
+        signature=json.dumps({"dataset": dataset_signature(config), "seed": config["seed"]}, sort_keys=True),
         listing=dataset_listing_digest(),
         settings=step_settings("prepare"),
     script:

@@ -55,6 +55,7 @@ rule unlearn_drop:
         removed_shards=STUDY["removed_shards"],
         requests=STUDY["requests_per_point"],
         settings=step_settings("unlearn_drop"),
+        selected_at=lambda w: selected_point(w.method, w.shards),
     script:
         "../scripts/step.py"
 
@@ -81,6 +82,7 @@ rule unlearn_retrain:
     params:
         signature=training_signature,
         settings=step_settings("unlearn_retrain"),
+        selected_at=lambda w: selected_point(w.method, w.shards),
     script:
         "../scripts/step.py"
 
@@ -108,6 +110,7 @@ rule unlearn_paragon:
     params:
         signature=training_signature,
         settings=step_settings("unlearn_paragon"),
+        selected_at=lambda w: selected_point(w.method, 1),
     script:
         "../scripts/step.py"
 

@@ -16,7 +16,7 @@ FUSION_RUN = "{init}/{method}/n{shards}_s{seed}"
 
 rule fusion_train:
     input:
-        unpack(train_inputs),
+        unpack(fusion_train_inputs),
     output:
         model=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.safetensors",
         record=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
@@ -33,6 +33,7 @@ rule fusion_train:
     params:
         signature=training_signature,
         settings=step_settings("fusion_train"),
+        selected_at=lambda w: selected_point(w.method, w.shards),
     script:
         "../scripts/step.py"
 

@@ -51,7 +51,7 @@ rule release:
 
 rule train_private:
     input:
-        unpack(lambda w: shard_job_inputs(w, f"private-{w.protocol}-{w.method}")),
+        unpack(lambda w: shard_job_inputs(w, f"private-{w.protocol}-{w.method}", PRIVATE_AXES)),
     output:
         model=f"{PRIVATE}/shard{{shard}}.safetensors",
         record=f"{PRIVATE}/shard{{shard}}.json",
@@ -69,6 +69,7 @@ rule train_private:
         signature=private_signature,
         epsilon=lambda w: target_epsilon(config, w.eps),
         settings=step_settings("train_private"),
+        selected_at=lambda w: selected_point(w.method, w.shards, PRIVATE_AXES),  # taft: CLS (the DP search picks PT)
     script:
         "../scripts/step.py"
 

@@ -45,6 +45,7 @@ rule train:
     params:
         signature=training_signature,
         settings=step_settings("train"),
+        selected_at=lambda w: selected_point(w.method, w.shards),  # the `selection` input's choice it trains at
     script:
         "../scripts/step.py"
 
@@ -81,5 +82,6 @@ for _method, _n, _seed, _trained in VECTORIZED_JOBS:
             method=_method,
             shards=_n,
             seed=_seed,
+            selected_at=lambda w, m=_method, n=_n: selected_point(m, n),
         script:
             "../scripts/step.py"

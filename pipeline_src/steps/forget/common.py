@@ -23,7 +23,7 @@ from pipeline_src.methods.evaluation import classification_metrics
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.registry import build_tuned_model, get_method
 from pipeline_src.methods.training import batched_apply
-from pipeline_src.plan.job_settings import train_settings
+from pipeline_src.plan.job_settings import init_seed, train_settings
 from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import PREFIX_BATCH
@@ -43,6 +43,7 @@ class StudyContext:
         store: the prepared samples.
         features: the method's cached prefix features (all samples-table rows), or None.
         device: where to train and evaluate.
+        run_seed: the job's `seed` wildcard (the run whose models it trains or reads).
     """
 
     cfg: dict
@@ -52,6 +53,7 @@ class StudyContext:
     store: SampleStore
     features: FeatureCache | None
     device: torch.device
+    run_seed: int = 0
 
     @property
     def method_cfg(self) -> dict:
@@ -65,9 +67,14 @@ class StudyContext:
     def num_classes(self) -> int:
         return self.store.num_classes("target")
 
+    @property
+    def head_seed(self) -> int:
+        """The run's init seed (`job_settings.init_seed`), as the train step's: one per run seed."""
+        return init_seed(self.cfg["seed"], self.run_seed)
+
     def new_model(self):
-        # One head init (the config seed) for every model, as the train step does.
-        return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.cfg["seed"]).to(self.device)
+        # One head init for every model of the run, as the train step does.
+        return build_tuned_model(self.backbone, self.method_cfg, self.num_classes, self.head_seed).to(self.device)
 
 
 def load_context(args: StepArgs) -> StudyContext:
@@ -80,7 +87,7 @@ def load_context(args: StepArgs) -> StudyContext:
     backbone, backbone_record = load_backbone(Path(args.input.backbone).parent)
     feats = FeatureCache(args.input.features) if "features" in args.input._names else None
     return StudyContext(cfg, args.wildcards["method"], backbone, backbone_record, SampleStore(args.input.samples),
-                        feats, resolve_device(cfg["device"]))
+                        feats, resolve_device(cfg["device"]), int(args.wildcards["seed"]))
 
 
 def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: str, **record_extra) -> tuple[dict, dict]:
@@ -111,7 +118,7 @@ def train_on_ids(ctx: StudyContext, ids: Sequence[str], train_seed: int, desc: s
     seconds = time.perf_counter() - t0
     record = {
         "kind": "trained", "method": ctx.method, "method_config": ctx.method_cfg, "train_settings": settings,
-        "experiment": ctx.cfg["experiment"], "head_seed": ctx.cfg["seed"], "num_classes": ctx.num_classes,
+        "experiment": ctx.cfg["experiment"], "head_seed": ctx.head_seed, "num_classes": ctx.num_classes,
         "backbone_digest": state_digest(ctx.backbone.state_dict()), "num_samples": len(ids), "sample_ids": ids,
         "device": str(ctx.device), "train_time_s": seconds, **stats, **record_extra,
     }

@@ -56,7 +56,7 @@ def main(args: StepArgs) -> None:
             kept_ids = sorted(i for k in kept for i in records[k]["sample_ids"])
             save_model(state, {
                 "kind": "unlearned", "strategy": "subtract", "method": ctx.method, "method_config": ctx.method_cfg,
-                "experiment": ctx.cfg["experiment"], "shards": shards, "seed": seed, "head_seed": ctx.cfg["seed"],
+                "experiment": ctx.cfg["experiment"], "shards": shards, "seed": seed, "head_seed": ctx.head_seed,
                 "num_classes": ctx.num_classes, "backbone_digest": comp_record["backbone_digest"],
                 "linearization_id": comp_record.get("linearization_id"), "weights": weights,
                 "source": args.input.composed,

@@ -53,7 +53,7 @@ def main(args: StepArgs) -> None:
     save_model(composed, {
         "kind": "unlearned", "strategy": "retrain-shard", "composition": composition, "method": ctx.method,
         "method_config": ctx.method_cfg, "experiment": ctx.cfg["experiment"], "shards": shards, "seed": seed,
-        "head_seed": ctx.cfg["seed"], "num_classes": ctx.num_classes, "backbone_digest": records[0]["backbone_digest"],
+        "head_seed": ctx.head_seed, "num_classes": ctx.num_classes, "backbone_digest": records[0]["backbone_digest"],
         "linearization_id": records[0].get("linearization_id"), "weights": weights, "forgotten_ids": forgotten,
         "components": [{"path": p, "shard_id": r["shard_id"], "num_samples": r["num_samples"], "retrained": k in affected}
                        for k, (p, r) in enumerate(zip(paths, records))],

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline_src.methods.export import export_model
+from pipeline_src.methods.export import copy_backbone, export_model
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.privacy.compose import composed_privacy
 from pipeline_src.store.atomic import write_text
@@ -98,8 +98,7 @@ def build_release(metrics: list[str], backbone_dir: Path, out: Path) -> list[dic
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    shutil.copytree(backbone_dir, staging / "backbone", ignore=lambda d, names: [
-        n for n in names if n not in ("model.safetensors", "backbone.json")])
+    copy_backbone(backbone_dir, staging / "backbone", dp_study=True)
     rows = []
     for path in sorted(Path(p) for p in metrics):
         row = report_row(path)
