@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipeline_src.plan.config import validate_config
+from pipeline_src.plan.selected_point import selected_at, selection_base, selection_file
 from pipeline_src.runner.step_args import NoConfig
 from tests.conftest import planned_outputs, results_of, snakemake
 from tests.e2e.conftest import copy_study
@@ -113,6 +114,10 @@ def unlearning_args(study: Path, cfg: dict, rule: str, wildcards: dict, out: Pat
     elif rule.startswith("unlearn_paragon"):
         inputs["full"] = results / "train" / method / "n1_s0" / "shard0.safetensors"
         params = {"nonlinear": rule.endswith("nonlinear")}
+    # the method's searched point, as the rule's `selected_at` param and `selection` input give it
+    spec = selected_at(cfg, method, 1 if rule.startswith("unlearn_paragon") else int(wildcards["shards"]))
+    if spec is not None:
+        inputs["selection"], params["selected_at"] = selection_file(str(results), spec["base"]), spec
     outputs = {"metrics": out / "metrics.parquet", "models": out / "models", "model": out / "model.safetensors"}
     args = step_args(cfg, inputs=inputs, outputs=outputs, params=params, wildcards=wildcards, rule=rule)
     if rule in ("unlearn_drop", "unlearn_retrain"):
@@ -152,8 +157,9 @@ def test_an_unlearning_step_on_its_settings_alone_scores_as_the_studys(tiny_stud
 def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_path):
     """compose_weights is read by compose, the ensembles, the forget study's sisa-drop and its
     retrain-shard recomposition: those rerun (and their dependants: the soups' evaluations, the taft
-    drop that subtracts from a soup, the report); train.num_workers is run-only: the training
-    jobs that read it do not rerun, nor the paragons, which read the train block."""
+    drop that subtracts from a soup, the report). The search validates soups, so its `select` reruns,
+    and with it what trains at the selected point: the searched methods' training and paragons, no
+    other method's. train.num_workers is run-only: no job reruns for it alone."""
     workdir = copy_study(tiny_study, tmp_path / "study", parts=None)
     cfg = yaml.safe_load((tiny_study / "config.yaml").read_text())
     cfg["compose_weights"] = "size"
@@ -162,9 +168,17 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2"))
     folders = {"/".join(p.split("/")[2:4 if p.startswith("results/tiny/metrics/") else 3])
                for out in planned for p in out.split(", ")}
-    # and the search's: its candidates' soups are validated again, then selected again
+    # and the search's: its candidates' soups are validated again, then selected again, and the jobs
+    # that read the selection (train, the paragons) run again at its point
     assert folders == {"compose", "metrics/evaluate", "unlearn_drop", "metrics/unlearn_drop", "unlearn_retrain",
-                       "metrics/unlearn_retrain", "validate", "select", "report"}
+                       "metrics/unlearn_retrain", "validate", "select", "report", "train", "unlearn_paragon",
+                       "metrics/unlearn_paragon", "unlearn_paragon_nonlinear", "metrics/unlearn_paragon_nonlinear"}
+    trained = {p.split("/")[3] for out in planned for p in out.split(", ") if p.startswith("results/tiny/train/")}
+    trained |= {p.split("/")[3] for out in planned for p in out.split(", ")
+                if p.startswith("results/tiny/unlearn_paragon")}
+    searched = {m for m in validate_config(cfg, count_samples=False)["methods"]
+                if selection_base(validate_config(cfg, count_samples=False), m) == m}
+    assert trained and trained <= searched, (trained, searched)
     drops = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/metrics/unlearn_drop/")}
     assert drops == {f"results/tiny/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
     retrains = [out for out in planned if out.startswith("results/tiny/metrics/unlearn_retrain/")]
@@ -175,4 +189,6 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     assert soups == {f"results/tiny/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
         "results/tiny/compose/taft-1/n3_s0/soup.safetensors"}
     ensembles = [out for out in planned if out.startswith("results/tiny/metrics/evaluate/") and "/n2_s0/shards" in out]
-    assert len(ensembles) == len(methods)  # the shard evaluations that hold an ensemble (N = 2), not N = 1
+    # the shard evaluations that hold an ensemble (N = 2), not N = 1, of the study's methods: the grid
+    # points are validated only (`validate`), never tested
+    assert len(ensembles) == len(cfg["methods"])

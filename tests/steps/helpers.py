@@ -8,7 +8,7 @@ import torch
 from pipeline_src.data.backbone import save_backbone
 from pipeline_src.plan.config import validate_config
 from pipeline_src.plan.step_settings import converted, run_only_settings, settings_for
-from pipeline_src.runner.step_args import NoConfig, Paths, StepArgs
+from pipeline_src.runner.step_args import NoConfig, Paths, StepArgs, selected_params
 from tests.conftest import tiny_vit
 
 VIT = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=16, depth=4, num_heads=2)
@@ -17,11 +17,14 @@ VIT = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=16, de
 def step_args(config: dict, inputs: dict | None = None, outputs: dict | None = None, params: dict | None = None,
               wildcards: dict | None = None, threads: int = 1, rule: str = "") -> StepArgs:
     """A job's arguments as `runner/step_args.from_snakemake` makes them: a converted `rule` gets
-    its settings param from `config` and no config (reading it raises), the others the config."""
+    its settings param from `config` and no config (reading it raises), the others the config; a
+    `selected_at` param moves its method to the `selection` input's point."""
     inputs, outputs, params, wildcards = inputs or {}, outputs or {}, dict(params or {}), wildcards or {}
     if converted(rule):
         params["settings"] = settings_for(rule, config, wildcards)
-    return StepArgs(input=Paths([str(v) for v in inputs.values()], {k: str(v) for k, v in inputs.items()}),
+    paths = Paths([str(v) for v in inputs.values()], {k: str(v) for k, v in inputs.items()})
+    params = selected_params(params, paths)
+    return StepArgs(input=paths,
                     output=Paths([str(v) for v in outputs.values()], {k: str(v) for k, v in outputs.items()}),
                     params=params, wildcards=wildcards, threads=threads, rule=rule,
                     config=NoConfig(rule) if converted(rule) else config, runtime=run_only_settings(config))
