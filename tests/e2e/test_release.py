@@ -132,7 +132,7 @@ def test_everything_a_dp_study_writes_is_owner_only_under_umask_022(neighbours):
 
 def test_enabling_privacy_late_closes_what_a_non_dp_study_wrote(tmp_path, umask_022):
     """The N = 2 manifests and non-DP records of an earlier non-DP run are closed by the first
-    run (even a dry run) that has privacy enabled, before any DP job."""
+    real run that has privacy enabled, before any of its jobs; a dry run changes no mode (issue 44)."""
     cfg = _config()
     cfg["privacy"]["enabled"] = False
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -147,6 +147,9 @@ def test_enabling_privacy_late_closes_what_a_non_dp_study_wrote(tmp_path, umask_
     cfg["privacy"]["enabled"] = True
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     snakemake(tmp_path, "-n", "--cores", "1", "release")
+    assert stat.S_IMODE(old[0].stat().st_mode) == 0o644  # a dry run writes nothing, modes included
+    # the cheapest real run: one `prepare` job (which rewrites the old samples file)
+    snakemake(tmp_path, "results/tiny/prepare/samples.parquet", "--cores", "1", "--forcerun", "prepare")
     assert _open_paths(study) == []
     assert [stat.S_IMODE(p.stat().st_mode) for p in old] == [0o600] * 3
     assert stat.S_IMODE((study / "split" / "n2_s0").stat().st_mode) == 0o700
