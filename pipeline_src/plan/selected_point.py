@@ -9,9 +9,10 @@ there and trains at it (`apply_selection`, called for every step by `runner/step
 its model record keeps the point under `method_config.selected`.
 
 The point is known only when `select` has run, while the DAG's wildcards are fixed when it is
-built, so the point is an input file, not a wildcard: a rerun `select` reruns exactly the jobs that
-read its file and their dependants. Which choice applies to a job at N shards is fixed at build
-time (`choice_shards`): the choice at N where the search ran there, else at the searched N nearest
+built, so the point is an input file, not a wildcard. `select` is a checkpoint: after it runs the
+jobs that read its file are built again, and those whose chosen point (`chosen_point`, in their
+`selected_at` param) changed rerun, with their dependants; the others do not. Which choice applies
+to a job at N shards is fixed at build time (`choice_shards`): the choice at N where the search ran there, else at the searched N nearest
 to N on a log scale (ties: the smaller), so N = 25 and 50 train at the N = 10 choice when the
 search ran at N = 1 and 10 (the paper's Table 6 chose one point for every shard setting).
 
@@ -113,6 +114,13 @@ def read_choice(path: str, spec: dict[str, Any]) -> dict[str, Any]:
                      f"(it has N = {[c['shards'] for c in record['choices']]})")
 
 
+def chosen_point(path: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """What a job trains at from the choice of record `path` at `spec`: the candidate and its lr,
+    PT and CLS (not its validation accuracy, which a retrained candidate moves at the same point)."""
+    choice = read_choice(path, spec)
+    return {k: choice.get(k) for k in ("candidate", "lr", "pt", "cls")}
+
+
 def apply_selection(method_cfg: dict, choice: dict[str, Any], spec: dict[str, Any], path: str) -> dict:
     """The method's settings moved to the chosen point on `spec["axes"]` (lr; PT: `reset`; CLS:
     `reset_cls`), with `selected` recording what was read: the file, the candidate, the N it was
@@ -124,6 +132,9 @@ def apply_selection(method_cfg: dict, choice: dict[str, Any], spec: dict[str, An
         spec: the job's `selected_at` param.
         path: the record's path, as the job's input names it.
     """
+    if "point" in spec and {k: choice.get(k) for k in spec["point"]} != spec["point"]:
+        raise ValueError(f"selection {path} now chooses {choice['candidate']} at N = {spec['shards']}, but this job "
+                         f"was planned at {spec['point']['candidate']}: run the study again to plan it anew")
     out = {**method_cfg}
     axes = list(spec["axes"])
     if "lr" in axes:

@@ -13,6 +13,7 @@ from pipeline_src.plan.config import validate_config
 from pipeline_src.plan.selected_point import (
     PRIVATE_AXES,
     choice_shards,
+    chosen_point,
     selected_at,
     selection_base,
     selection_shards,
@@ -106,3 +107,24 @@ def test_a_record_without_the_jobs_choice_or_of_another_method_is_refused(tmp_pa
     with pytest.raises(ValueError, match=r"record of 'fc', not of 'taft-1'"):
         selected_params({**params, "selected_at": {**spec, "shards": 2}}, Paths([other], {"selection": other}))
     assert selected_params({"settings": {}}, Paths()) == {"settings": {}}  # no `selected_at`: as it is
+
+
+def test_the_point_a_job_was_planned_at_is_its_rerun_trigger_and_checked_when_it_starts(tmp_path):
+    """`chosen_point` (the `selected_at` param's point) holds what trains, not the validation
+    accuracy; a job whose record chose another point after it was planned refuses by name."""
+    path = _record(tmp_path)
+    spec = {"method": "taft-1", "base": "taft-1", "shards": 2, "axes": ["lr", "pt", "cls"]}
+    point = chosen_point(path, spec)
+    assert point == {"candidate": "taft-1_lr1e-4_ptF_clsT", "lr": 1e-4, "pt": False, "cls": True}
+    params = {"settings": {"methods": {"taft-1": {"kind": "taft", "k": 1}}}, "selected_at": {**spec, "point": point}}
+    moved = selected_params(params, Paths([path], {"selection": path}))["settings"]["methods"]["taft-1"]
+    assert (moved["lr"], moved["reset"], moved["reset_cls"]) == (1e-4, True, True)
+    record = json.loads(open(path).read())
+    for choice in record["choices"]:
+        choice["val_accuracy"] = 0.123  # a retrained candidate at the same point: same trigger
+    open(path, "w").write(json.dumps(record))
+    assert chosen_point(path, spec) == point
+    stale = {**params, "selected_at": {**spec, "point": {**point, "candidate": "taft-1_lr1e-3_ptF_clsT", "lr": 1e-3}}}
+    with pytest.raises(ValueError, match=r"now chooses taft-1_lr1e-4_ptF_clsT at N = 2, but this job was planned at "
+                                         r"taft-1_lr1e-3_ptF_clsT"):
+        selected_params(stale, Paths([path], {"selection": path}))

@@ -27,7 +27,8 @@ rule validate:
         "../scripts/step.py"
 
 
-rule select:
+# A checkpoint: the jobs at a selected point take its record as input (common.smk, `selected_point`).
+checkpoint select:
     input:
         validation=lambda w: validation_targets(config, R, w.method),
     output:
