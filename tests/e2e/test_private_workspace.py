@@ -233,3 +233,5 @@ def test_the_workspace_holds_no_unkeyed_digest_of_an_id_list(study):
     upstream = json.loads((results_of(workdir) / "signatures" / "upstream.json").read_text())
     assert upstream["pretrain_data"] == keyed["pretraining data"]
     assert any(keyed["listing"].encode() in p.read_bytes() for p in files if "metadata" in p.parts)
+    dry = snakemake(workdir, "-n", "--cores", "2")  # the keyed triggers are stable: nothing reruns
+    assert "Nothing to be done" in dry.stdout + dry.stderr
