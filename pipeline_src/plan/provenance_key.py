@@ -59,24 +59,28 @@ def keyed_digest(key: bytes, ids: list[str]) -> str:
     return hmac.new(key, "\n".join(sorted(ids)).encode(), hashlib.sha256).hexdigest()
 
 
-def ids_digest(ids: list[str], private_root: str | os.PathLike | None) -> str:
+def ids_digest(ids: list[str], root: str | os.PathLike, private: bool) -> str:
     """A parse-time fingerprint of an id list for a rule's params or a signature file: it changes
     exactly when the list does, so Snakemake reruns what depends on it.
 
-    In a DP study (`private_root` given) it is keyed with the study's provenance key, which the
-    run makes before any params are read (common.smk); a dry run before the first real run makes
-    nothing and gets `NO_KEY_YET` (such a study reruns everything anyway). A non-DP study keeps
-    the plain SHA-256 (`plan/sharding.membership_digest`): a provenance key would mark its folder
-    as a DP study's (`store/private_provenance.is_dp_study`), and its workspace holds no DP model
-    whose members the digest could confirm.
+    Keyed with the provenance key wherever the results folder has one: a DP study's, whose run
+    makes it before any params are read (common.smk), and a former DP study's (privacy switched
+    off: still private workspace, and its triggers stay as they were). A DP study's dry run
+    before its first real run makes nothing and gets `NO_KEY_YET` (such a study reruns everything
+    anyway). A study that never had privacy on keeps the plain SHA-256
+    (`plan/sharding.membership_digest`): a key would mark its folder as a DP study's
+    (`store/private_provenance.is_dp_study`), and no DP model's members are there to confirm.
 
     Args:
         ids: the sample ids (any order).
-        private_root: the DP study's results folder; None in a non-DP study.
+        root: the study's results folder (`results/<experiment>`).
+        private: whether the study has `privacy.enabled`.
     """
-    if private_root is None:
-        from pipeline_src.plan.sharding import membership_digest
+    key = read_key(root)
+    if key is not None:
+        return keyed_digest(key, ids)
+    if private:
+        return NO_KEY_YET
+    from pipeline_src.plan.sharding import membership_digest
 
-        return membership_digest(ids)
-    key = read_key(private_root)
-    return NO_KEY_YET if key is None else keyed_digest(key, ids)
+    return membership_digest(ids)

@@ -327,11 +327,11 @@ def dataset_listing_digest(wildcards):
 
 def member_ids_digest(ids):
     """A rerun trigger built from an id list (`plan/provenance_key.ids_digest`): keyed with the
-    study's provenance key in a DP study, so no unkeyed digest of member ids is in its workspace
-    (signatures, `.snakemake/metadata`)."""
+    study's provenance key in a DP study (or a former one), so no unkeyed digest of member ids is
+    in its workspace (signatures, `.snakemake/metadata`)."""
     from pipeline_src.plan.provenance_key import ids_digest
 
-    return ids_digest(ids, R if config["privacy"]["enabled"] else None)
+    return ids_digest(ids, R, config["privacy"]["enabled"])
 
 
 def shard_models(w):
