@@ -29,7 +29,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, SNAKEMAKE, results_of, snakemake
+from tests.conftest import REPO, SNAKEMAKE, planned_outputs, results_of, snakemake
 from tests.e2e.conftest import tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -235,3 +235,14 @@ def test_the_workspace_holds_no_unkeyed_digest_of_an_id_list(study):
     assert any(keyed["listing"].encode() in p.read_bytes() for p in files if "metadata" in p.parts)
     dry = snakemake(workdir, "-n", "--cores", "2")  # the keyed triggers are stable: nothing reruns
     assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def test_switching_privacy_off_keeps_the_keyed_triggers(study):
+    """The folder keeps its key: the listing and upstream triggers stay as they are, so neither
+    `prepare` nor the upstream signature (nor what depends on them) reruns, and no plain digest
+    would be written into the former DP study's workspace."""
+    dry = snakemake(study["workdir"], "-n", "--cores", "2", "--config", "privacy={enabled: false}")
+    planned = planned_outputs(dry)
+    results = f"results/{results_of(study['workdir']).name}"
+    assert not [o for o in planned if o.startswith((f"{results}/prepare/", f"{results}/signatures/upstream",
+                                                      f"{results}/pretrain/", f"{results}/train/"))], planned
