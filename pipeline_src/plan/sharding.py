@@ -67,8 +67,8 @@ def shard_ids(manifest: pa.Table, shard: int) -> list[str]:
 
 
 def membership_digest(ids: list[str]) -> str:
-    """SHA-256 of the sorted ids: a parse-time fingerprint of one shard's members, used as a
-    Snakemake `params` value so a shard's jobs rerun exactly when its membership changes. Only in
-    the workflow's own metadata, never in a DP model's files (a plain digest would let a reader
-    test a guessed member list; `private_provenance` uses a keyed one)."""
+    """SHA-256 of the sorted ids: a parse-time fingerprint of an id list, a rerun trigger (a
+    params value, a signature file's field) of a non-DP study only. A plain digest lets a reader
+    test a guessed member list, so a DP study keys its triggers (`plan/provenance_key.ids_digest`)
+    and its models' refs (`store/private_provenance`)."""
     return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()

@@ -2,6 +2,8 @@
 and never in a model's own files (record, weights, export, metrics).
 
     <results>/provenance/key                    32 random bytes (mode 0600), made once per results folder
+                                                (`plan/provenance_key.py`; it also keys a DP study's
+                                                rerun triggers built from id lists)
     <results>/provenance/members/<ref>.parquet  one DP model's member ids (column sample_id; mode 0600)
     <results>/provenance/dp_study.txt           the mark of a DP study (written by every run with
                                                 privacy.enabled): its non-DP models are private workspace
@@ -13,19 +15,16 @@ the stored ids against it. `pipeline_src.methods.export` never copies this folde
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
-import secrets
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline_src.plan.private_workspace import DP_STUDY_MARK
-from pipeline_src.store.atomic import make_temp, write_parquet
-
-STORE = "provenance"
+from pipeline_src.plan.provenance_key import STORE, key_path, keyed_digest, make_key, read_key
+from pipeline_src.store.atomic import write_parquet
 
 
 def results_root_of(path: str | os.PathLike) -> Path:
@@ -40,26 +39,15 @@ def results_root_of(path: str | os.PathLike) -> Path:
 
 
 def _key(root: Path, create: bool) -> bytes:
-    path = root / STORE / "key"
-    if not path.is_file():
-        if not create:
-            raise FileNotFoundError(f"no provenance key {path}: this results folder's DP memberships cannot be read")
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = make_temp(path)  # named after this process: a later run removes it if killed
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-        try:  # link, not rename: the first of several parallel jobs wins, the others read its key
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return path.read_bytes()
+    if create:
+        return make_key(root)
+    key = read_key(root)
+    if key is None:
+        raise FileNotFoundError(f"no provenance key {key_path(root)}: this results folder's DP memberships cannot be read")
+    return key
 
 
-def membership_ref(key: bytes, ids: list[str]) -> str:
-    return hmac.new(key, "\n".join(sorted(ids)).encode(), hashlib.sha256).hexdigest()
+membership_ref = keyed_digest  # HMAC-SHA256(key, sorted ids)
 
 
 def store_members(root: str | os.PathLike, ids: list[str]) -> str:

@@ -36,7 +36,8 @@ def test_dry_run_and_lint_write_nothing_a_real_run_caches(tmp_path):
 
 def test_a_dry_run_of_a_dp_study_changes_no_mode(tmp_path):
     """Issue 44, 5.7: with privacy enabled, a dry run made every file of the study 0600 (a real run
-    does: docs/privacy.md); a dry run writes nothing, modes included."""
+    does: docs/privacy.md); a dry run writes nothing, modes included, and makes no provenance key
+    (issue 43: its keyed rerun triggers say only that there is no key yet)."""
     import stat
 
     import yaml
@@ -52,3 +53,4 @@ def test_a_dry_run_of_a_dp_study_changes_no_mode(tmp_path):
     modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [*made, *(f.parent for f in made)]}
     snakemake(tmp_path, "-n", "--cores", "2")
     assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes
+    assert not (results_of(tmp_path) / "provenance").exists()

@@ -1,5 +1,7 @@
-"""Keyed-hash splits and shards in the DAG: new samples retrain only the shards they fall into,
-and removing one sample changes exactly one shard (a real Snakemake run on an ImageFolder)."""
+"""Keyed-hash splits and shards in the DAG: new samples rerun `prepare` and retrain only the
+shards they fall into, and removing one sample changes exactly one shard (a real Snakemake run on
+an ImageFolder). Also as a DP study, whose rerun triggers built from id lists are keyed (issue 43):
+they still change exactly when a list does."""
 from __future__ import annotations
 
 import re
@@ -41,8 +43,8 @@ def write_images(root: Path, cls: str, names: list[str], seed: int) -> None:
         Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(root / cls / name)
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory) -> tuple[Path, dict]:
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "dp"])
+def study(request, tmp_path_factory) -> tuple[Path, dict]:
     workdir = tmp_path_factory.mktemp("newdata")
     root = workdir / "data"
     for k, cls in enumerate("01234"):
@@ -54,8 +56,13 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
            "train": {"epochs": 1, "batch_size": 64}, "shards": [N],
            # per-shard jobs: new data reruns a vectorized job (all N shards) whole (README "Training shards together")
            "methods": {"fc": {"kind": "fc", "vectorized_shards": False}}}
+    if request.param:  # a DP study (its DP jobs are not targeted): keyed triggers, same reruns
+        cfg["methods"]["taft-1"] = {"kind": "taft", "k": 1}
+        cfg["privacy"] = {"enabled": True, "public_train_size": 60, "methods": ["taft-1"], "regimes": ["fc"],
+                          "epsilons": [8], "shards": [1], "batch_size": 16, "paper": {"methods": []}}
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     run(workdir, *TARGETS)
+    assert (workdir / "results/newdata/provenance/key").is_file() == request.param
     return workdir, cfg
 
 
@@ -69,6 +76,7 @@ def test_new_samples_retrain_only_the_shards_they_hash_to(study):
     new_ids = [f"data/2/{n}" for n in names]
     expected = {TARGETS[shard_of(i, N, 0)] for i in new_ids if split[i] == "train"}
     assert expected and len(expected) < N, "the hash must put the new samples in some, not all, shards"
+    assert planned(workdir, "prepare") == {"results/newdata/prepare/samples.parquet"}  # its listing changed
     assert planned(workdir, "train") == expected
     assert planned(workdir, "pretrain") == set()  # target-task data does not retrain the backbone
     run(workdir, *TARGETS)

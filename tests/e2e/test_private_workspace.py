@@ -7,12 +7,16 @@ group or others (Snakemake's metadata included). Then:
 - `snakemake --report` (which embeds the efficiency table, n-dependent, and every non-DP table)
   opens on the PRIVATE WORKSPACE mark, and is owner-only;
 - a non-DP model's export is refused without `--export-non-private-model`, and marked private
-  workspace with it; every export is owner-only.
+  workspace with it; every export is owner-only;
+- the private workspace itself (`.snakemake/`, `signatures/`, everything under the results folder
+  but the provenance store) holds no unkeyed SHA-256 of an id list either: its rerun triggers are
+  keyed with the provenance key.
 """
 from __future__ import annotations
 
 import csv
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -25,7 +29,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, SNAKEMAKE, results_of, snakemake
+from tests.conftest import REPO, SNAKEMAKE, planned_outputs, results_of, snakemake
 from tests.e2e.conftest import tiny_config
 
 pytestmark = pytest.mark.e2e
@@ -187,3 +191,58 @@ def test_a_non_dp_model_leaves_only_with_the_flag_marked_and_owner_only(study):
 
 def test_snakemakes_folder_is_owner_only_after_the_run(study):
     assert _open_paths([study["workdir"] / ".snakemake", results_of(study["workdir"])]) == set()
+
+
+def _id_lists(workdir: Path) -> dict[str, list[str]]:
+    """The id lists whose digests were the workspace's rerun triggers: every shard manifest's
+    members, the pretraining data's ids (the upstream signature's `pretrain_data`) and the whole
+    listing (the `prepare` job's `listing` param)."""
+    results = results_of(workdir)
+    samples = pq.read_table(results / "prepare" / "samples.parquet").to_pydict()
+    lists = {f"shard {p.relative_to(results / 'split')}": pq.read_table(p).column("sample_id").to_pylist()
+             for p in sorted((results / "split").rglob("shard*.parquet"))}
+    lists["pretraining data"] = [i for i, t in zip(samples["sample_id"], samples["task"]) if t == "source"]
+    lists["listing"] = samples["sample_id"]
+    return lists
+
+
+def _workspace_files(workdir: Path) -> list[Path]:
+    """Every file of `.snakemake/` and of the results folder but the provenance store (which holds
+    the key and the DP members themselves)."""
+    results = results_of(workdir)
+    return [p for root in (workdir / ".snakemake", results) for p in sorted(root.rglob("*"))
+            if p.is_file() and (results / "provenance") not in p.parents]
+
+
+def test_the_workspace_holds_no_unkeyed_digest_of_an_id_list(study):
+    """Issue 43: a plain SHA-256 of sorted ids lets whoever guesses a member list confirm it. The
+    scan is not blind: the same lists' keyed digests (HMAC-SHA256, the provenance key) are where the
+    plain ones were, the listing's in the `prepare` job's metadata, the pool's in `upstream.json`."""
+    workdir = study["workdir"]
+    lists = _id_lists(workdir)
+    assert len(lists) == 3 and all(len(ids) > 100 for ids in lists.values())
+    files = _workspace_files(workdir)
+    assert any("signatures" in p.parts for p in files) and sum("metadata" in p.parts for p in files) > 5
+    plain = {name: hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest() for name, ids in lists.items()}
+    hits = [f"{p.relative_to(workdir)}: {name}" for p in files for name, digest in plain.items()
+            if digest.encode() in p.read_bytes()]
+    assert not hits, "\n".join(hits)
+    key = (results_of(workdir) / "provenance" / "key").read_bytes()
+    keyed = {name: hmac.new(key, "\n".join(sorted(ids)).encode(), hashlib.sha256).hexdigest()
+             for name, ids in lists.items()}
+    upstream = json.loads((results_of(workdir) / "signatures" / "upstream.json").read_text())
+    assert upstream["pretrain_data"] == keyed["pretraining data"]
+    assert any(keyed["listing"].encode() in p.read_bytes() for p in files if "metadata" in p.parts)
+    dry = snakemake(workdir, "-n", "--cores", "2")  # the keyed triggers are stable: nothing reruns
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+
+
+def test_switching_privacy_off_keeps_the_keyed_triggers(study):
+    """The folder keeps its key: the listing and upstream triggers stay as they are, so neither
+    `prepare` nor the upstream signature (nor what depends on them) reruns, and no plain digest
+    would be written into the former DP study's workspace."""
+    dry = snakemake(study["workdir"], "-n", "--cores", "2", "--config", "privacy={enabled: false}")
+    planned = planned_outputs(dry)
+    results = f"results/{results_of(study['workdir']).name}"
+    assert not [o for o in planned if o.startswith((f"{results}/prepare/", f"{results}/signatures/upstream",
+                                                      f"{results}/pretrain/", f"{results}/train/"))], planned

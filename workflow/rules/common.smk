@@ -99,6 +99,7 @@ if config["privacy"]["enabled"]:  # a DP study's workspace is owner-only from no
 if workflow.is_main_process:
     # What Snakemake tells only when it executes, after this parse: whether this is a dry run, and
     # the executor's settings.
+    from pipeline_src.plan.provenance_key import make_key
     from pipeline_src.plan.study_lock import StudyRunning, lock_study, refuse_unlock_while_running
 
     _execute, _unlock = workflow.execute, workflow.unlock
@@ -112,6 +113,8 @@ if workflow.is_main_process:
                     raise WorkflowError(str(err)) from None
             if config["privacy"]["enabled"]:  # once per run, not again in each job's parse
                 tighten([R, ".snakemake"])
+                # Before the DAG reads any params: its digests of id lists are keyed (member_ids_digest).
+                make_key(R)
         # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given),
         # so two studies on one cluster are told apart.
         if getattr(executor_settings, "jobname_prefix", None) == "":
@@ -308,7 +311,6 @@ def signature_value(name):
 def upstream_signature():
     """Canonical JSON of what the shared upstream files hold for a shard job besides its own
     members: dataset settings, backbone (and its pretraining data), features, data seed."""
-    from pipeline_src.plan.sharding import membership_digest
     from pipeline_src.plan.forget import samples_table
 
     t = samples_table(config).to_pydict()
@@ -319,18 +321,27 @@ def upstream_signature():
             "backbone": config["backbone"],
             "features": config["features"],
             "seed": config["seed"],
-            "pretrain_data": membership_digest(source_ids),
+            "pretrain_data": member_ids_digest(source_ids),
         },
         sort_keys=True,
     )
 
 
-def dataset_listing_digest():
-    """Digest of every listed sample id: `prepare` reruns when files are added or removed."""
-    from pipeline_src.plan.sharding import membership_digest
+def dataset_listing_digest(wildcards):
+    """Digest of every listed sample id: `prepare` reruns when files are added or removed. A
+    params function, read when the DAG is built (after a real run made the key), not at parse."""
     from pipeline_src.plan.forget import samples_table
 
-    return membership_digest(samples_table(config).column("sample_id").to_pylist())
+    return member_ids_digest(samples_table(config).column("sample_id").to_pylist())
+
+
+def member_ids_digest(ids):
+    """A rerun trigger built from an id list (`plan/provenance_key.ids_digest`): keyed with the
+    study's provenance key in a DP study (or a former one), so no unkeyed digest of member ids is
+    in its workspace (signatures, `.snakemake/metadata`)."""
+    from pipeline_src.plan.provenance_key import ids_digest
+
+    return ids_digest(ids, R, config["privacy"]["enabled"])
 
 
 def shard_models(w):

@@ -11,7 +11,7 @@ rule prepare:
     threads: 2  # decoding threads
     params:
         signature=json.dumps({"dataset": dataset_signature(config), "seed": config["seed"]}, sort_keys=True),
-        listing=dataset_listing_digest(),
+        listing=dataset_listing_digest,
         settings=step_settings("prepare"),
     script:
         "../scripts/step.py"
