@@ -160,11 +160,12 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     cfg["train"]["num_workers"] = 2
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2"))
-    folders = {"/".join(p.split("/")[2:4 if p.startswith("results/tiny/metrics/") else 3])
+    folders = {"/".join(p.split("/")[2:4 if p.startswith(("results/tiny/metrics/", "results/tiny/per_image/")) else 3])
                for out in planned for p in out.split(", ")}
     # and the search's: its candidates' soups are validated again, then selected again
     assert folders == {"compose", "metrics/evaluate", "unlearn_drop", "metrics/unlearn_drop", "unlearn_retrain",
-                       "metrics/unlearn_retrain", "validate", "select", "report"}
+                       "metrics/unlearn_retrain", "validate", "select", "report", "per_image/evaluate",
+                       "per_image/unlearn_drop", "per_image/unlearn_retrain"}
     drops = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/metrics/unlearn_drop/")}
     assert drops == {f"results/tiny/metrics/unlearn_drop/{m}/n3_s0.parquet" for m in ("taft-1", "nlft-1")}
     retrains = [out for out in planned if out.startswith("results/tiny/metrics/unlearn_retrain/")]

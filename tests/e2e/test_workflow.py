@@ -84,12 +84,12 @@ def test_a_deleted_per_image_file_is_rebuilt(study, tmp_path):
     """Per-image files are outputs of the rules that write them: a deleted one reruns its job."""
     work = copy_study(study, tmp_path / "study", parts=None)
     shutil.copy(study / "config.yaml", work / "config.yaml")
-    for rel in ("per_image/evaluate/fc/n2_s0/shards.parquet", "per_image/unlearn_drop/taft-1/n3_s0.parquet",
-                "per_image/fuse/random_reinit/nlft-1/n2_s0/none/soup.parquet"):
+    deleted = ("per_image/evaluate/fc/n2_s0/shards.parquet", "per_image/unlearn_drop/taft-1/n3_s0.parquet",
+               "per_image/fuse/random_reinit/nlft-1/n2_s0/none/soup.parquet")
+    for rel in deleted:
         (results_of(work) / rel).unlink()
-        planned = planned_outputs(snakemake(work, "-n", "--cores", "2"))
-        assert f"results/tiny/{rel}" in " ".join(planned), (rel, planned)
-        shutil.copy2(results_of(study) / rel, results_of(work) / rel)
+    planned = " ".join(planned_outputs(snakemake(work, "-n", "--cores", "2")))
+    assert all(f"results/tiny/{rel}" in planned for rel in deleted), planned
 
 
 def test_report_has_the_claims_table_beside_the_study_reports(study):
