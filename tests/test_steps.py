@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import re
 
+from pipeline_src.plan.per_image_files import PER_IMAGE_STEPS, per_image_files
 from pipeline_src.steps import step_of_rule
 from tests.conftest import REPO
 
@@ -73,3 +74,17 @@ def test_every_rule_whose_step_writes_per_image_records_declares_them():
         declared.add(rule)
     assert declared == {"evaluate_shards", "evaluate_soup", "unlearn_drop", "unlearn_retrain", "unlearn_paragon",
                         "unlearn_paragon_nonlinear", "evaluate_private", "fuse"}
+    # the report rule requests exactly their files (plan/per_image_files.py), so a deleted one is rebuilt
+    folders = {re.search(r"/per_image/(\w+)/", re.search(r'^\s*per_image=f"([^"]+)"', blocks[r], re.M)[1])[1]
+               for r in declared}
+    assert folders == set(PER_IMAGE_STEPS)
+
+
+def test_per_image_files_of_the_study_metrics():
+    metrics = ["r/metrics/evaluate/fc/n1_s0/shards.parquet", "r/metrics/private/ours/taft-1/fc/eps1/n1_s0/shard0.parquet",
+               "r/metrics/fuse/shared/nlft-1/n2_s0/none/soup.parquet", "r/metrics/ablation/taft-1/x/s0.parquet",
+               "r/metrics/unlearn_drop/taft-1/n3_s0.parquet", "r/select/fc.parquet"]
+    assert per_image_files(metrics, "r") == ["r/per_image/evaluate/fc/n1_s0/shards.parquet",
+                                             "r/per_image/private/ours/taft-1/fc/eps1/n1_s0/shard0.parquet",
+                                             "r/per_image/fuse/shared/nlft-1/n2_s0/none/soup.parquet",
+                                             "r/per_image/unlearn_drop/taft-1/n3_s0.parquet"]

@@ -21,7 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from pipeline_src.plan.per_image_files import per_image_path
 from pipeline_src.store.atomic import write_parquet
+
+__all__ = ["PER_IMAGE_SCHEMA", "per_image_output", "per_image_path", "per_image_rows", "write_per_image"]
 
 PER_IMAGE_SCHEMA = pa.schema([
     ("experiment", pa.string()), ("method", pa.string()), ("kind", pa.string()), ("model", pa.string()),
@@ -30,22 +33,6 @@ PER_IMAGE_SCHEMA = pa.schema([
     ("correct", pa.bool_()),
 ])
 CONTEXT = ("experiment", "method", "kind", "model", "shards", "shard_id", "seed", "split", "variant")
-
-
-def per_image_path(metrics_path: str | Path) -> Path:
-    """The per-image file of a metrics file: its last `metrics` folder swapped for `per_image`, or,
-    for a metrics file outside a study's tree (a step run on its own), `<name>.per_image.parquet`
-    beside it.
-
-    Args:
-        metrics_path: a metrics Parquet file, in a study under `.../metrics/...`.
-    """
-    parts = list(Path(metrics_path).parts)
-    if "metrics" not in parts[:-1]:
-        return Path(metrics_path).with_suffix(".per_image.parquet")
-    at = len(parts) - 2 - parts[:-1][::-1].index("metrics")
-    parts[at] = "per_image"
-    return Path(*parts)
 
 
 def per_image_rows(logits: torch.Tensor, labels: torch.Tensor, sample_ids: list[str], context: dict) -> list[dict]:
