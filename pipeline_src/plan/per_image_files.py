@@ -1,6 +1,6 @@
-"""Where per-image records live (`store/per_image.py`), torch-free: the `report` rule takes them
-as inputs, so a deleted one is rebuilt (Snakemake reruns a job for a missing output only when
-something requests that output).
+"""Where per-image records live (`store/per_image.py`), torch-free: the `report` rule, whose claims
+table reads them, takes them as inputs. (Like any output whose readers are up to date, a deleted
+one is rebuilt after `python -m pipeline_src.store.check_outputs --rebuild`, docs/reliability.md.)
 """
 from __future__ import annotations
 

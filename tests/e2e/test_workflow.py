@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ import yaml
 
 from pipeline_src.plan.config import validate_config
 from tests.conftest import REPO, planned_outputs, results_of, snakemake
-from tests.e2e.conftest import copy_study
 
 pytestmark = pytest.mark.e2e
 
@@ -78,18 +76,6 @@ def test_per_image_records_reproduce_the_test_accuracy(study):
     test_ids = {r[0] for r in con.sql("SELECT sample_id FROM samples WHERE task = 'target' AND split = 'test'").fetchall()}
     assert {r[0] for r in con.sql("SELECT DISTINCT sample_id FROM per_image").fetchall()} == test_ids
     assert con.execute(f"SELECT max(n) FROM (SELECT count(*) AS n FROM per_image GROUP BY {keys}, sample_id)").fetchone()[0] == 1
-
-
-def test_a_deleted_per_image_file_is_rebuilt(study, tmp_path):
-    """Per-image files are outputs of the rules that write them: a deleted one reruns its job."""
-    work = copy_study(study, tmp_path / "study", parts=None)
-    shutil.copy(study / "config.yaml", work / "config.yaml")
-    deleted = ("per_image/evaluate/fc/n2_s0/shards.parquet", "per_image/unlearn_drop/taft-1/n3_s0.parquet",
-               "per_image/fuse/random_reinit/nlft-1/n2_s0/none/soup.parquet")
-    for rel in deleted:
-        (results_of(work) / rel).unlink()
-    planned = " ".join(planned_outputs(snakemake(work, "-n", "--cores", "2")))
-    assert all(f"results/tiny/{rel}" in planned for rel in deleted), planned
 
 
 def test_report_has_the_claims_table_beside_the_study_reports(study):
