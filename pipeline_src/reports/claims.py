@@ -3,9 +3,15 @@
 `claims.{md,csv}`: one row per claim (and per shard count N, ε, fusion setting ... where the
 claim is made at several), with the paper, its table or figure, the paper's figure (a relation
 in words where the paper gives no single number; the figures are those of issue 23), this
-study's figure, and whether the claim holds: `yes`, `no`, or `n/a` when the study did not run the
-jobs it needs (this study's cell then says which). The `note` column (a list under the Markdown
-table) names the rows compared.
+study's figure, and whether the claim holds: `yes`, `no`, `undecided`, or `n/a` when the study did
+not run the jobs it needs (this study's cell then says which). The `note` column (a list under the
+Markdown table) names the rows compared.
+
+Every comparative row whose models wrote per-image records (`store/per_image.py`) is decided by
+a paired bootstrap over seeds and test images (`reports/claim_tests.py`): its `test` column gives
+the estimate, the 95 % interval and the threshold, and `holds` is yes / no when the interval lies
+above / below the threshold, undecided when it holds it. Without such records the point gap
+(mean over seeds) says yes / no under the rules below, and the verdict is `no paired test`.
 
 Which rows each claim compares (accuracies: metric `accuracy` on the test split, averaged over
 seeds; pts: percentage points; rows from `reports/claim_rows.py`):
@@ -21,14 +27,16 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
   (its Δw sum) against F's soup at that N. Holds when T ≥ F.
 - **TAFT subtract ≥ SISA drop** (TAFT Figure 1): one row per N of the unlearning study: T's
   `subtract` rows against F's `sisa-drop` rows for the same removed shards (r ≥ 1; r = 0 removes
-  nothing), each averaged over requests per r. Holds when T ≥ F at every r; the figure is the
-  mean over r.
+  nothing), each averaged over requests per r; the figure is the mean over r. Tested: the mean
+  over r of the paired gap (each r's own interval in the note) ≥ 0. Point rule: T ≥ F at every r.
 - **DP TAFT ≥ DP NLFT at each ε** (TAFT Table 3): one row per protocol and ε of the privacy
-  study: T's and F's DP models at N = 1 (model `dp-shard`) in each regime both have. Holds when
+  study: T's and F's DP models at N = 1 (model `dp-shard`) in each regime both have. Tested: the
+  mean over those regimes of the paired gap (each regime's interval in the note) ≥ 0. Point rule:
   T ≥ F in every such regime.
 - **Matching raises the soup** (rotation paper, Table 2): one row per fusion method, N and
   init: the fusion study's soup (`fusion-soup`) after the paper's matching (`rotation-scaling`,
-  else `rotation`) against the soup without matching (`none`). Holds when strictly above.
+  else `rotation`) against the soup without matching (`none`), paired per seed and image. Holds
+  when strictly above (the interval's low end above 0).
 - **LAST ≥ FC at ≤ 25 % of full fine-tuning's memory** (LAST paper): the first last, fc and full
   methods (config order) with full-data models: LAST's accuracy against FC's, and the training
   memory of LAST's N = 1 training job against full's: `train_mem_mb` of the train records, tensors
@@ -52,8 +60,9 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from pipeline_src.reports import claim_rows, verdicts
-from pipeline_src.reports.paired_bootstrap import paired_bootstrap
+from pipeline_src.reports import claim_pairs, claim_rows, verdicts
+from pipeline_src.reports.claim_tests import EPS, PairedCounts, point_holds, tested_cases, tested_gap
+from pipeline_src.reports.claim_tests import pts as _pts
 from pipeline_src.reports.regimes import first, measured_regime, paper_holds, paper_rows
 from pipeline_src.store.atomic import write_text
 
@@ -70,14 +79,14 @@ PAPERS = {  # the full references, listed under the Markdown table
 PAPER_SHARDS = (10, 25, 50)  # the N of TAFT Table 2
 WITHIN_PTS = 1.0  # Table 1: TAFT-1 within this many points of NLFT-1
 LAST_MEMORY = 0.25  # LAST: at most this fraction of full fine-tuning's memory
-EPS = 1e-12  # accuracy ties count as ≥
 
 COLUMNS = {"claim": "claim", "paper": "paper", "where": "paper table/figure", "paper_figure": "paper's figure",
            "paper_regime": "paper made it for", "paper_rows": "paper's rows at this distance",
            "study_figure": "this study's figure", "test": "paired test: estimate [95 % interval]",
            "holds": "holds", "verdict": "verdict vs the paper's row", "note": "note"}
-# (T, F, model, N) -> per seed (images, T-only right, F-only right): `claim_rows.paired_counts`
-PairedCounts = Callable[[str, str, str, int], list[tuple[int, int, int]]]
+# Per-image pairs of the study claims (`claim_pairs`): (T, F, N) for unlearning, (T, F, protocol,
+# ε) for DP, (method, N, init, matching) for fusion -> seed, case, sample_id, d rows
+PairsOf = Callable[..., pd.DataFrame]
 
 
 @dataclass
@@ -106,32 +115,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def _pts(d: float) -> str:
-    return f"{100 * d:+.1f} pts"
-
-
 def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
-
-
-def tested_gap(paired: PairedCounts | None, t: str, f: str, model: str, shards: int, point: float,
-               threshold: float) -> tuple[str, str]:
-    """(holds, test) of the claim "t − f ≥ threshold" from the paired bootstrap over the seeds'
-    per-image records; without them, the point estimate's yes / no and no test.
-
-    Args:
-        paired: per-seed paired counts (`claim_rows.paired_counts`); None: none recorded.
-        t, f: the methods compared.
-        model, shards: the models compared (`shard` at N = 1, or `soup` at N).
-        point: the mean over seeds of the metrics' accuracy gap (used without per-image records).
-        threshold: the claim's threshold on the gap (fraction).
-    """
-    counts = paired(t, f, model, shards) if paired is not None else []
-    if not counts:
-        return _yes(point >= threshold - EPS), ""
-    gap = paired_bootstrap(counts)
-    test = f"{_pts(gap.estimate)} [{_pts(gap.low)}, {_pts(gap.high)}]; {gap.test()}; threshold {_pts(threshold)}"
-    return verdicts.decide(gap.low, gap.high, threshold), test
 
 
 def _pair(methods: dict[str, dict], available) -> tuple[str | None, str | None]:
@@ -179,8 +164,18 @@ def composition_claims(acc: pd.DataFrame, methods: dict[str, dict], paired: Pair
     return out
 
 
-def subtract_claims(drop: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
-    """TAFT subtract ≥ SISA drop, one row per N of the unlearning study."""
+def _with_test(holds: str, note: str, tested: tuple[str, str, str] | None) -> tuple[str, str, str]:
+    """(holds, note, test) of a row: the paired test's where it ran (its per-case intervals
+    added to the note), else the point rule's `holds` and no test."""
+    if tested is None:
+        return holds, note, ""
+    decided, test, each = tested
+    return decided, note + (f"; {each}" if each else ""), test
+
+
+def subtract_claims(drop: pd.DataFrame, methods: dict[str, dict], pairs: PairsOf | None = None) -> list[Claim]:
+    """TAFT subtract ≥ SISA drop, one row per N of the unlearning study; `pairs`: its per-image
+    pairs (`claim_pairs.drop_pairs`) for the paired test on the mean over r."""
     claim, paper_text = "TAFT subtract ≥ SISA drop", "about +11 pts over SISA drop"
     subtract = drop[drop.model == "subtract"] if len(drop) else drop
     sisa = drop[drop.model == "sisa-drop"] if len(drop) else drop
@@ -201,16 +196,18 @@ def subtract_claims(drop: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]
         diff = a[both] - b[both]
         per_r = "; ".join(f"r = {r}: {_pct(a[r])} vs {_pct(b[r])}" for r in both)
         failing = [r for r in both if diff[r] < -EPS]
+        note = (f"N = {n}, removed shards r (mean over requests): {per_r}"
+                + (f"; below at r = {', '.join(map(str, failing))}" if failing else ""))
+        tested = tested_cases(pairs(t, f, int(n)), 0.0, "r") if pairs is not None else None
+        holds, note, test = _with_test(_yes(not failing), note, tested)
         out.append(Claim(*head, f"{t} subtract {_pct(a[both].mean())}, {f} SISA drop {_pct(b[both].mean())} "
-                         f"({_pts(diff.mean())}, mean over r = {', '.join(map(str, both))})", _yes(not failing),
-                         f"N = {n}, removed shards r (mean over requests): {per_r}"
-                         + (f"; below at r = {', '.join(map(str, failing))}" if failing else "")))
+                         f"({_pts(diff.mean())}, mean over r = {', '.join(map(str, both))})", holds, note, test=test))
     return out
 
 
-def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
-    """DP TAFT ≥ DP NLFT, one row per protocol and ε, from the mean over seeds (DP evaluations
-    write no per-image records yet, so these rows have no paired test)."""
+def dp_claims(dp: pd.DataFrame, methods: dict[str, dict], pairs: PairsOf | None = None) -> list[Claim]:
+    """DP TAFT ≥ DP NLFT, one row per protocol and ε; `pairs`: the DP models' per-image pairs
+    (`claim_pairs.dp_pairs`) for the paired test on the mean over regimes."""
     claim, paper_text = "DP TAFT ≥ DP NLFT", "TAFT above NLFT at each ε"
     t, f = _pair(methods, dp.method if len(dp) else [])
     if t is None and f is None:
@@ -232,9 +229,11 @@ def dp_claims(dp: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
             continue
         cells = [f"{r}: {_pct(x[t])} vs {_pct(x[f])} ({_pts(x[t] - x[f])})" for r, x in acc.iterrows()]
         failing = [r for r, x in acc.iterrows() if x[t] < x[f] - EPS]
-        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), _yes(not failing),
-                         f"DP models (dp-shard, N = 1) of {t} and {f}, protocol {protocol}, ε = {eps:g}, regimes "
-                         f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else "")))
+        note = (f"DP models (dp-shard, N = 1) of {t} and {f}, protocol {protocol}, ε = {eps:g}, regimes "
+                f"{', '.join(acc.index)}" + (f"; below in {', '.join(failing)}" if failing else ""))
+        tested = tested_cases(pairs(t, f, protocol, float(eps)), 0.0, "regime") if pairs is not None else None
+        holds, note, test = _with_test(_yes(not failing), note, tested)
+        out.append(Claim(*head, f"{t} vs {f}: " + "; ".join(cells), holds, note, test=test))
     return out
 
 
@@ -244,8 +243,9 @@ def _in_order(methods: dict[str, dict], names) -> list[str]:
     return [m for m in methods if m in names] + sorted(names - set(methods))
 
 
-def fusion_claims(fusion: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]:
-    """Matching before merging raises the soup, one row per fusion method, N and init."""
+def fusion_claims(fusion: pd.DataFrame, methods: dict[str, dict], pairs: PairsOf | None = None) -> list[Claim]:
+    """Matching before merging raises the soup, one row per fusion method, N and init; `pairs`:
+    the soups' per-image pairs (`claim_pairs.fusion_pairs`) for the paired test."""
     claim, paper_text = "Matching before merging raises the soup's accuracy", "matched soup above the unmatched soup"
     if fusion.empty:
         return [missing(claim, ROTATION, "Table 2", paper_text, "the fusion study did not run (fusion.enabled)")]
@@ -260,10 +260,12 @@ def fusion_claims(fusion: pd.DataFrame, methods: dict[str, dict]) -> list[Claim]
             out.append(missing(*head, "no soup " + ("without matching" if matched else "after rotation matching")
                                + " (fusion.matching)"))
             continue
+        tested = tested_cases(pairs(method, int(n), init, matched), 0.0, "") if pairs is not None else None
+        holds, _, test = _with_test(point_holds(acc[matched] - acc["none"], 0.0, strict=True), "", tested)
         out.append(Claim(*head, f"{matched} {_pct(acc[matched])}, none {_pct(acc['none'])} "
-                         f"({_pts(acc[matched] - acc['none'])})", _yes(acc[matched] > acc["none"] + EPS),
+                         f"({_pts(acc[matched] - acc['none'])})", holds,
                          f"fusion-soup of {method}, N = {n}, init {init}: matching {matched} vs none, over "
-                         f"{g.seeds.max()} seed{'s' if g.seeds.max() > 1 else ''}"))
+                         f"{g.seeds.max()} seed{'s' if g.seeds.max() > 1 else ''}", test=test))
     return out
 
 
@@ -372,9 +374,11 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
         return claim_rows.paired_counts(con, t, f, model, n)
 
     keyed = [("table1", table1_claim(acc, methods, paired)), ("table2", composition_claims(acc, methods, paired)),
-             ("figure1", subtract_claims(claim_rows.drop_rows(con), methods)),
-             ("table3", dp_claims(claim_rows.privacy_rows(con), methods)),
-             ("fusion", fusion_claims(claim_rows.fusion_rows(con), methods)),
+             ("figure1", subtract_claims(claim_rows.drop_rows(con), methods,
+                                         lambda *key: claim_pairs.drop_pairs(con, *key))),
+             ("table3", dp_claims(claim_rows.privacy_rows(con), methods, lambda *key: claim_pairs.dp_pairs(con, *key))),
+             ("fusion", fusion_claims(claim_rows.fusion_rows(con), methods,
+                                      lambda *key: claim_pairs.fusion_pairs(con, *key))),
              ("last", last_claim(acc, claim_rows.memory_rows(con), methods)),
              ("cost", unlearning_cost_claims(claim_rows.retrain_rows(con), methods))]
     chosen = claim_rows.selected_points(con)

@@ -8,9 +8,15 @@ its gap is the mean over the drawn seeds of their resampled gaps. The 95 % inter
 2.5 and 97.5 percentiles of B replicates. Both sources of variation a reader expects are in it:
 which seeds ran and which test images were drawn.
 
-Resampling n images of one seed only changes how many of them are +1 (T right, F wrong) and
-−1 (the reverse), so a replicate draws those two counts from a multinomial: the same
-distribution as drawing the images themselves, at O(B) cost instead of O(B n).
+Where a claim averages several paired comparisons of one seed over the same test images (the
+unlearning study's removed-shard counts r and requests, the DP study's regimes), each image's
+difference d_i is that average, a value in [−1, 1]; a seed's gap is the mean of its d_i, and the
+bootstrap resamples images and seeds as above (`paired_bootstrap_gaps`).
+
+Resampling n images of one seed only changes how many images take each distinct value of d
+(+1: T right and F wrong, −1 the reverse, 0; a few more for an average), so a replicate draws
+those counts from a multinomial: the same distribution as drawing the images themselves, at
+O(B · values) cost instead of O(B n).
 """
 from __future__ import annotations
 
@@ -47,26 +53,67 @@ def seed_counts(correct_t: np.ndarray, correct_f: np.ndarray) -> tuple[int, int,
     return len(t), int((t & ~f).sum()), int((~t & f).sum())
 
 
+def gap_histogram(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values, how many images take each) of one seed's per-image differences T − F.
+
+    Args:
+        differences: (images,) each test image's T − F (correctness, or its average over the
+            claim's paired comparisons), in [−1, 1].
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1 or not len(d) or not np.isfinite(d).all() or np.abs(d).max() > 1:
+        raise ValueError(f"per-image differences must be a non-empty 1-D array of finite values in [-1, 1]: {d.shape}")
+    values, counts = np.unique(d, return_counts=True)
+    return values, counts
+
+
+def bootstrap_histograms(per_seed: list[tuple[np.ndarray, np.ndarray]], replicates: int = REPLICATES,
+                         rng_seed: int = RNG_SEED) -> PairedGap:
+    """The bootstrap interval of the mean over seeds of T − F, from each seed's histogram of
+    per-image differences (`gap_histogram`).
+
+    Args:
+        per_seed: each seed's (values, image counts).
+        replicates: bootstrap replicates B.
+        rng_seed: the generator's seed.
+    """
+    if not per_seed:
+        raise ValueError("paired bootstrap: no seed has both models' per-image records")
+    rng = np.random.default_rng(rng_seed)
+    n = np.array([int(np.sum(counts)) for _, counts in per_seed])
+    gaps = np.array([float(np.dot(values, counts)) / m for (values, counts), m in zip(per_seed, n)])
+    picks = rng.integers(0, len(per_seed), size=(replicates, len(per_seed)))  # (B, S) seeds drawn with replacement
+    # Each drawn seed resamples its images anew, also a seed drawn twice in one replicate.
+    sums = np.zeros(replicates)
+    for s, ((values, counts), m) in enumerate(zip(per_seed, n)):
+        rows, _ = np.nonzero(picks == s)  # the replicate of each draw of seed s
+        draws = rng.multinomial(m, np.asarray(counts) / m, size=len(rows))  # (draws, values)
+        np.add.at(sums, rows, draws @ np.asarray(values, dtype=np.float64) / m)
+    means = sums / len(per_seed)
+    low, high = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return PairedGap(float(gaps.mean()), float(low), float(high), len(per_seed), int(n.min()))
+
+
 def paired_bootstrap(per_seed: list[tuple[int, int, int]], replicates: int = REPLICATES,
                      rng_seed: int = RNG_SEED) -> PairedGap:
-    """The bootstrap interval of the mean over seeds of T − F.
+    """The bootstrap interval of the mean over seeds of T − F, from each seed's paired counts.
 
     Args:
         per_seed: each seed's (images, T-only right, F-only right) (`seed_counts`).
         replicates: bootstrap replicates B.
         rng_seed: the generator's seed.
     """
-    if not per_seed:
-        raise ValueError("paired_bootstrap: no seed has both models' per-image records")
-    rng = np.random.default_rng(rng_seed)
-    n = np.array([c[0] for c in per_seed])
-    gaps = np.array([(plus - minus) / m for m, plus, minus in per_seed])
-    # (B, S): each seed's gap after resampling its images
-    boot = np.empty((replicates, len(per_seed)))
-    for s, (m, plus, minus) in enumerate(per_seed):
-        draws = rng.multinomial(m, [plus / m, minus / m, 1 - (plus + minus) / m], size=replicates)  # (B, 3)
-        boot[:, s] = (draws[:, 0] - draws[:, 1]) / m
-    picks = rng.integers(0, len(per_seed), size=(replicates, len(per_seed)))  # (B, S) seeds drawn with replacement
-    means = np.take_along_axis(boot, picks, axis=1).mean(axis=1)
-    low, high = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return PairedGap(float(gaps.mean()), float(low), float(high), len(per_seed), int(n.min()))
+    hists = [(np.array([1.0, -1.0, 0.0]), np.array([plus, minus, m - plus - minus])) for m, plus, minus in per_seed]
+    return bootstrap_histograms(hists, replicates, rng_seed)
+
+
+def paired_bootstrap_gaps(per_seed: list[np.ndarray], replicates: int = REPLICATES,
+                          rng_seed: int = RNG_SEED) -> PairedGap:
+    """The bootstrap interval of the mean over seeds of T − F, from each seed's per-image differences.
+
+    Args:
+        per_seed: each seed's (images,) differences T − F (`gap_histogram`).
+        replicates: bootstrap replicates B.
+        rng_seed: the generator's seed.
+    """
+    return bootstrap_histograms([gap_histogram(d) for d in per_seed], replicates, rng_seed)

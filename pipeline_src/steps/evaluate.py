@@ -11,7 +11,8 @@ one function). Both come from one pass over the test split with one frozen-prefi
 share one copy of the frozen backbone. Images are read and converted `train.eval_batch_size` at
 a time, so the job's memory stops growing with the test split once the split fills one batch.
 Beside the test split's metrics file, every evaluated model's per-image correctness goes to the
-same path under `per_image/` (`store/per_image.py`): the claims' paired tests resample it.
+rule's `per_image` output, the same path under `per_image/` (`store/per_image.py`): the claims'
+paired tests resample it.
 Each single model also gets `weight_distance`, the L2 distance of its trained tensors from their
 starting values (TAFT Fig. 4; `methods/weight_distance.py`).
 """
@@ -33,7 +34,7 @@ from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.job_counters import counting
 from pipeline_src.store.metrics import metric_rows, write_metrics
-from pipeline_src.store.per_image import per_image_rows, write_per_image
+from pipeline_src.store.per_image import per_image_output, per_image_rows, write_per_image
 
 MODES = ("shards", "soup", "ensemble")  # `ensemble` alone: the ensemble rows without the shard rows
 
@@ -109,6 +110,6 @@ def main(args: StepArgs) -> None:
         images += per_image_rows(logits, test.labels, test.ids, context)  # the claims' paired tests
         label = model_name if shard is None else f"shard {shard}"
         print(f"{w['method']} n{w['shards']} {label}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
-    if split == "test":  # the claims' tests read test images only; `validate` writes outside metrics/
-        write_per_image(images, args.output.metrics)  # first: the metrics file marks the job done
+    if split == "test":  # the claims' tests read test images only; `validate` declares no per-image file
+        write_per_image(images, per_image_output(args.output))
     write_metrics(rows, args.output.metrics)

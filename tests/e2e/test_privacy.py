@@ -119,6 +119,35 @@ def test_a_dp_studys_private_files_are_owner_only(study):
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
 
 
+def test_dp_per_image_records_are_owner_only_name_test_images_and_decide_table3(study, tmp_path):
+    """The DP evaluations' per-image files: owner-only (private workspace), test images only (so
+    no member), each model's test accuracy back; the claims' Table 3 rows get the paired test."""
+    import stat
+
+    from pipeline_src.reports.claims import claims_report
+
+    results = results_of(study)
+    files = sorted((results / "per_image" / "private").rglob("*.parquet"))
+    assert len(files) == len(list((results / "metrics" / "private").rglob("*.parquet"))) > 10
+    for p in [*files, *{f.parent for f in files}]:
+        assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
+    con = connect(results)
+    test_ids = {r[0] for r in con.sql("SELECT sample_id FROM samples WHERE task = 'target' AND split = 'test'").fetchall()}
+    dp = "json_extract_string(variant, '$.study') = 'privacy'"
+    assert {r[0] for r in con.sql(f"SELECT DISTINCT sample_id FROM per_image WHERE {dp}").fetchall()} == test_ids
+    keys = "method, model, shards, coalesce(shard_id, -1), seed, variant"
+    acc = dict(con.sql(f"SELECT ({keys}), avg(correct::DOUBLE) FROM per_image WHERE {dp} GROUP BY ALL").fetchall())
+    want = dict(con.sql(f"SELECT ({keys}), value FROM metrics WHERE {dp} AND metric = 'accuracy'").fetchall())
+    assert acc.keys() == want.keys() and all(abs(acc[k] - want[k]) < 1e-12 for k in want)
+    _, table = claims_report(con, tmp_path, yaml.safe_load((study / "config.yaml").read_text()))
+    claims = {r["claim"]: r for r in duckdb.read_csv(str(table)).df().fillna("").to_dict("records")}
+    for eps in EPSILONS:
+        row = claims[f"DP TAFT ≥ DP NLFT, ε = {eps} (ours protocol)"]
+        assert "paired bootstrap over 1 seed and" in row["paired test: estimate [95 % interval]"], row
+        assert "each image's gap the mean over regime = fc, full" in row["paired test: estimate [95 % interval]"]
+        assert row["verdict vs the paper's row"] in ("agrees", "disagrees", "undecided"), row
+
+
 def test_regimes_train_only_their_parameters(study):
     for method in METHODS:
         rec = json.loads((results_of(study) / f"private/ours/{method}/fc/eps8/n1_s0/shard0.json").read_text())
@@ -190,7 +219,8 @@ def test_no_file_written_for_a_dp_model_names_a_member(study, tmp_path):
     members = _all_member_ids(study)
     assert len(members) > 100
     export_model(results_of(study) / "private/ours/taft-1/fc/eps8/n2_s0/soup.safetensors", tmp_path / "export")
-    files = [f for root in ("results/tiny/private", "results/tiny/metrics/private", "results/tiny/logs/train_private",
+    files = [f for root in ("results/tiny/private", "results/tiny/metrics/private", "results/tiny/per_image/private",
+                            "results/tiny/logs/train_private",
                             "results/tiny/logs/compose_private", "results/tiny/logs/evaluate_private")
              for f in (study / root).rglob("*") if f.is_file()]
     files += [f for f in (tmp_path / "export").rglob("*") if f.is_file()]

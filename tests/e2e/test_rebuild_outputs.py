@@ -44,3 +44,20 @@ def test_the_next_run_rebuilds_what_check_outputs_lists(tiny_study, tmp_path):
     assert metric_rows(work) == rows  # every row back, read whole
     assert check().returncode == 0
     assert planned_outputs(snakemake(work, "-n")) == []
+
+
+def test_deleted_per_image_files_are_outputs_that_the_next_run_rebuilds(tiny_study, tmp_path):
+    """Per-image files are outputs of the rules that write them (evaluate, unlearning, fusion):
+    check_outputs sees them gone, and the next run reruns the jobs that write them (before, they
+    were no output: nothing listed or rebuilt them)."""
+    work = copy_study(tiny_study, tmp_path / "study", parts=None)
+    shutil.copy(tiny_study / "config.yaml", work / "config.yaml")
+    deleted = ("per_image/evaluate/fc/n2_s0/shards.parquet", "per_image/unlearn_drop/taft-1/n3_s0.parquet",
+               "per_image/fuse/random_reinit/nlft-1/n2_s0/none/soup.parquet")
+    for rel in deleted:
+        (results_of(work) / rel).unlink()
+    check = subprocess.run([sys.executable, "-m", "pipeline_src.store.check_outputs", "--study", "tiny", "--rebuild"],
+                           capture_output=True, text=True, cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert check.returncode == 0 and all(f"MISSING results/tiny/{rel}" in check.stdout for rel in deleted), check.stdout
+    planned = " ".join(planned_outputs(snakemake(work, "-n", "--cores", "2")))
+    assert all(f"results/tiny/{rel}" in planned for rel in deleted), planned

@@ -166,13 +166,15 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     cfg["train"]["num_workers"] = 2
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     planned = planned_outputs(snakemake(workdir, "-n", "--cores", "2"))
-    folders = {"/".join(p.split("/")[2:4 if p.startswith("results/tiny/metrics/") else 3])
+    folders = {"/".join(p.split("/")[2:4 if p.startswith(("results/tiny/metrics/", "results/tiny/per_image/")) else 3])
                for out in planned for p in out.split(", ")}
     # and the search's: its candidates' soups are validated again, then selected again, and the jobs
     # that read the selection (train, the paragons) run again at its point
     assert folders == {"compose", "metrics/evaluate", "unlearn_drop", "metrics/unlearn_drop", "unlearn_retrain",
                        "metrics/unlearn_retrain", "validate", "select", "report", "train", "unlearn_paragon",
-                       "metrics/unlearn_paragon", "unlearn_paragon_nonlinear", "metrics/unlearn_paragon_nonlinear"}
+                       "metrics/unlearn_paragon", "unlearn_paragon_nonlinear", "metrics/unlearn_paragon_nonlinear",
+                       "per_image/evaluate", "per_image/unlearn_drop", "per_image/unlearn_retrain",
+                       "per_image/unlearn_paragon", "per_image/unlearn_paragon_nonlinear"}
     trained = {p.split("/")[3] for out in planned for p in out.split(", ") if p.startswith("results/tiny/train/")}
     trained |= {p.split("/")[3] for out in planned for p in out.split(", ")
                 if p.startswith("results/tiny/unlearn_paragon")}

@@ -55,16 +55,22 @@ def test_study_runs_to_a_report_with_every_model(study):
 
 
 def test_per_image_records_reproduce_the_test_accuracy(study):
-    """Every evaluate job's per-image file (store/per_image.py) gives back its metrics file's test
-    accuracy per model; each names the test split's images once per model, nothing else."""
+    """Every per-image file (store/per_image.py: the evaluate, unlearning and fusion steps') gives
+    back its metrics file's test accuracy per model; each names the test split's images once per
+    model, nothing else."""
     from pipeline_src.store.results_db import connect
 
     con = connect(results_of(study))
-    keys = "method, model, shards, coalesce(shard_id, -1), seed"
+    keys = "method, model, shards, coalesce(shard_id, -1), seed, coalesce(variant, '')"
     acc = dict(con.sql(f"SELECT ({keys}), avg(correct::DOUBLE) FROM per_image GROUP BY ALL").fetchall())
-    want = dict(con.sql(f"SELECT ({keys}), value FROM metrics WHERE metric = 'accuracy' AND split = 'test' "
-                        "AND variant IS NULL AND kind <> 'pretrain' AND model IN ('shard', 'soup', 'ensemble')").fetchall())
+    root = results_of(study) / "metrics"
+    written = ",".join(f"'{root}/{step}/**/*.parquet'" for step in ("evaluate", "unlearn_drop", "unlearn_retrain",
+                                                                       "unlearn_paragon", "unlearn_paragon_nonlinear", "fuse"))
+    want = dict(con.sql(f"SELECT ({keys}), value FROM read_parquet([{written}], union_by_name=true) "
+                        "WHERE metric = 'accuracy' AND split = 'test'").fetchall())
     assert acc and set(acc) == set(want)
+    models = {k[1] for k in want}
+    assert {"shard", "soup", "ensemble", "subtract", "sisa-drop", "retrain-shard", "paragon", "fusion-soup"} <= models
     for key, value in want.items():  # a mean of 0/1 in float64 against the step's float64 mean
         assert abs(acc[key] - value) < 1e-12, key
     test_ids = {r[0] for r in con.sql("SELECT sample_id FROM samples WHERE task = 'target' AND split = 'test'").fetchall()}
@@ -89,9 +95,11 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     verdict = {name: c["holds"] for name, c in claims.items()}
     yes = lambda ok: "yes" if ok else "no"  # noqa: E731
     t1 = dict(duckdb.sql(f"SELECT method, accuracy FROM '{out}/table1_methods.csv'").fetchall())
-    # Tables 1 and 2: decided by the paired bootstrap over the evaluate steps' per-image records;
-    # a decided row agrees with the point gap's sign
-    for name in ("TAFT-1 within 1 pt of NLFT-1", "TAFT composition (Δw sum) ≥ non-linear soup, N = 2"):
+    # Tables 1 and 2, Figure 1 and fusion: decided by the paired bootstrap over the steps' per-image
+    # records; a decided row agrees with the point gap's sign
+    for name in ("TAFT-1 within 1 pt of NLFT-1", "TAFT composition (Δw sum) ≥ non-linear soup, N = 2",
+                 "TAFT subtract ≥ SISA drop, N = 3", f"{fusion}: last, N = 2, random_reinit",
+                 f"{fusion}: nlft-1, N = 2, random_reinit"):
         assert "paired bootstrap over 1 seed and" in claims[name]["paired test: estimate [95 % interval]"], name
         assert claims[name]["verdict vs the paper's row"] in ("agrees", "disagrees", "undecided"), name
     assert {claims[f"{cost}: {m}, N = 3"]["verdict vs the paper's row"] for m in ("nlft-1", "taft-1")} <= {
@@ -103,11 +111,11 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     assert verdict["TAFT composition (Δw sum) ≥ non-linear soup, N = 2"] in ("undecided", yes(
         t2["taft-1 (Δw sum)"] >= t2["nlft-1 (soup)"]))
     drop = dict(duckdb.sql(f"SELECT strategy, accuracy FROM '{out}/unlearning_drop.csv' WHERE removed_shards = 1").fetchall())
-    assert verdict["TAFT subtract ≥ SISA drop, N = 3"] == yes(drop["subtract"] >= drop["sisa-drop"])
+    assert verdict["TAFT subtract ≥ SISA drop, N = 3"] in ("undecided", yes(drop["subtract"] >= drop["sisa-drop"]))
     soups = dict(duckdb.sql(f"SELECT method, \"rotation-scaling\" > none FROM '{out}/fusion_table2.csv' "
                             "WHERE fusion = 'soup'").fetchall())
-    assert verdict[f"{fusion}: nlft-1, N = 2, random_reinit"] == yes(soups["nlft-1"])
-    assert verdict[f"{fusion}: last, N = 2, random_reinit"] == yes(soups["last"])
+    assert verdict[f"{fusion}: nlft-1, N = 2, random_reinit"] in ("undecided", yes(soups["nlft-1"]))
+    assert verdict[f"{fusion}: last, N = 2, random_reinit"] in ("undecided", yes(soups["last"]))
     # What the tiny study does not run: privacy, a full method; and every forget request of
     # the study touched more than one of its 3 shards (checked in the metrics).
     assert verdict["DP TAFT ≥ DP NLFT"] == verdict["LAST ≥ FC at ≤ 25 % of full fine-tuning's memory"] == "n/a"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pipeline_src.reports import verdicts
-from pipeline_src.reports.paired_bootstrap import paired_bootstrap, seed_counts
-from pipeline_src.store.per_image import per_image_path, per_image_rows, write_per_image
+from pipeline_src.reports.paired_bootstrap import gap_histogram, paired_bootstrap, paired_bootstrap_gaps, seed_counts
+from pipeline_src.store.per_image import per_image_output, per_image_path, per_image_rows, write_per_image
 from tests.reports.test_claims import claims_of, row, write_study
 
 T1 = "TAFT-1 within 1 pt of NLFT-1"
@@ -75,6 +75,80 @@ def test_verdict_against_the_papers_row(holds, paper, expected):
     assert verdicts.verdict(holds, paper) == expected
 
 
+def _exact_bootstrap_quantiles(per_seed: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(atoms, CDF) of the bootstrap distribution of the mean over seeds of the seeds' resampled
+    gaps, by enumerating every resample (seeds with replacement, then images with replacement):
+    the reference for tiny tables, sharing no code with `paired_bootstrap`."""
+    import itertools
+    from collections import Counter
+
+    def seed_dist(d):  # every n-tuple of image indices, equally likely
+        return Counter(float(np.mean([d[i] for i in idx])) for idx in itertools.product(range(len(d)), repeat=len(d)))
+
+    dists = [seed_dist(d) for d in per_seed]
+    s = len(per_seed)
+    total = Counter()
+    for picks in itertools.product(range(s), repeat=s):  # seeds drawn with replacement
+        combos = Counter({0.0: 1.0})
+        for k in picks:
+            nxt = Counter()
+            for a, pa_ in combos.items():
+                for b, pb in dists[k].items():
+                    nxt[a + b] += pa_ * pb / sum(dists[k].values())
+            combos = nxt
+        for v, p in combos.items():
+            total[round(v / s, 12)] += p / s ** s
+    atoms = np.array(sorted(total))
+    return atoms, np.cumsum([total[a] for a in atoms])
+
+
+def test_interval_of_averaged_differences_matches_the_enumerated_bootstrap():
+    # a hand-made table: 2 seeds x 4 images, each image's gap the mean over 2 cases (values k/2)
+    per_seed = [np.array([1.0, 0.5, 0.0, -0.5]), np.array([0.5, 0.5, 1.0, -1.0])]
+    atoms, cdf = _exact_bootstrap_quantiles(per_seed)
+    gap = paired_bootstrap_gaps(per_seed, replicates=20000)
+    assert gap.estimate == pytest.approx((0.25 + 0.25) / 2, abs=1e-15) and (gap.seeds, gap.images) == (2, 4)
+    # the Monte Carlo percentile lands on an atom whose exact CDF brackets the level, to within
+    # the replicates' error (sd of a CDF estimate at 20,000 replicates: about 0.001)
+    for end, level in ((gap.low, 0.025), (gap.high, 0.975)):
+        i = int(np.argmin(np.abs(atoms - end)))
+        assert abs(atoms[i] - end) < 1e-9, (end, atoms)  # the percentile of a discrete law is one of its atoms
+        below = cdf[i - 1] if i else 0.0
+        assert below - 0.005 <= level <= cdf[i] + 0.005, (end, below, cdf[i])
+
+
+def test_interval_of_averaged_differences_against_literal_image_resampling():
+    # one seed of 3,000 images with gaps in {-1, -0.5, 0, 0.5, 1}: a direct bootstrap that draws
+    # image indices (another generator) gives the same percentiles up to Monte Carlo error
+    rng = np.random.default_rng(7)
+    d = rng.choice([-1.0, -0.5, 0.0, 0.5, 1.0], size=3000, p=[0.05, 0.1, 0.6, 0.15, 0.1])
+    gap = paired_bootstrap_gaps([d])
+    direct = np.array([d[rng.integers(0, len(d), len(d))].mean() for _ in range(4000)])
+    low, high = np.quantile(direct, [0.025, 0.975])
+    half = (high - low) / 2
+    assert gap.estimate == pytest.approx(d.mean(), abs=1e-15)
+    assert gap.low == pytest.approx(low, abs=0.08 * half) and gap.high == pytest.approx(high, abs=0.08 * half)
+    # and the counts form is the special case of values +1 / -1 / 0
+    c = np.array([1.0] * 30 + [-1.0] * 20 + [0.0] * 50)
+    assert paired_bootstrap_gaps([c], rng_seed=3) == paired_bootstrap([(100, 30, 20)], rng_seed=3)
+
+
+def test_gap_histogram_and_bad_differences():
+    values, counts = gap_histogram(np.array([0.5, -1.0, 0.5, 0.0]))
+    assert values.tolist() == [-1.0, 0.0, 0.5] and counts.tolist() == [1, 1, 2]
+    for bad in (np.array([]), np.array([1.5]), np.array([np.nan]), np.zeros((2, 2))):
+        with pytest.raises(ValueError, match="per-image differences"):
+            gap_histogram(bad)
+
+
+def test_per_image_output_is_the_declared_one_else_beside_the_metrics():
+    from pipeline_src.runner.step_args import Paths
+
+    declared = Paths(["m.parquet", "p.parquet"], {"metrics": "r/metrics/x/m.parquet", "per_image": "r/per_image/x/m.parquet"})
+    assert per_image_output(declared) == Path("r/per_image/x/m.parquet")
+    assert per_image_output(Paths(["m"], {"metrics": "r/metrics/x/m.parquet"})) == Path("r/per_image/x/m.parquet")
+
+
 def test_per_image_path_and_rows(tmp_path):
     assert per_image_path("r/x/metrics/evaluate/m/n1_s0/soup.parquet") == Path("r/x/per_image/evaluate/m/n1_s0/soup.parquet")
     assert per_image_path("r/x/soup.parquet") == Path("r/x/soup.per_image.parquet")  # a step run on its own
@@ -89,7 +163,7 @@ def _per_image(results: Path, method: str, model: str, shards: int, seed: int, c
     logits = torch.tensor(np.stack([correct, ~correct], 1).astype(np.float32))  # (images, 2): right when label 0
     rows = per_image_rows(logits, torch.zeros(len(correct), dtype=torch.long),
                           [f"img{i:05d}" for i in range(len(correct))], context)
-    write_per_image(rows, results / "metrics" / "evaluate" / method / f"n{shards}_s{seed}" / f"{model}.parquet")
+    write_per_image(rows, per_image_path(results / "metrics" / "evaluate" / method / f"n{shards}_s{seed}" / f"{model}.parquet"))
 
 
 def _study(tmp_path: Path, full: dict[str, tuple[float, float]], images: int = 2000) -> Path:

@@ -1,4 +1,5 @@
-# One metrics file per (method, N, seed) for its shard models and their ensemble, and one for the soup.
+# One metrics file per (method, N, seed) for its shard models and their ensemble, and one for the soup;
+# beside each, its models' per-image test correctness (`per_image`, for the claims' paired tests).
 
 
 rule evaluate_shards:
@@ -12,6 +13,7 @@ rule evaluate_shards:
         models=shard_models,
     output:
         metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.parquet",
+        per_image=f"{R}/per_image/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.parquet",
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.log",
     benchmark:
@@ -33,6 +35,7 @@ rule evaluate_soup:
         models=[rules.compose.output.model],
     output:
         metrics=f"{R}/metrics/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.parquet",
+        per_image=f"{R}/per_image/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.parquet",
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.log",
     benchmark:

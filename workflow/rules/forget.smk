@@ -42,6 +42,7 @@ rule unlearn_drop:
         unpack(unlearn_drop_inputs),
     output:
         metrics=f"{R}/metrics/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.parquet",
+        per_image=f"{R}/per_image/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.parquet",
         models=directory(f"{R}/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}"),
     log:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.log",
@@ -65,6 +66,7 @@ rule unlearn_retrain:
         unpack(unlearn_retrain_inputs),
     output:
         metrics=f"{R}/metrics/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.parquet",
+        per_image=f"{R}/per_image/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         models=directory(f"{R}/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}"),
     log:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.log",
@@ -92,6 +94,7 @@ rule unlearn_paragon:
         unpack(unlearn_paragon_inputs),
     output:
         metrics=f"{R}/metrics/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
+        per_image=f"{R}/per_image/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         model=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
         record=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
     log:
@@ -120,6 +123,7 @@ rule unlearn_paragon_nonlinear:
         unpack(unlearn_paragon_nonlinear_inputs),
     output:
         metrics=f"{R}/metrics/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
+        per_image=f"{R}/per_image/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.parquet",
         model=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.safetensors",
         record=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
     log:

@@ -69,6 +69,7 @@ rule fuse:
         model=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.safetensors",
         record=f"{R}/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.json",
         metrics=f"{R}/metrics/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.parquet",
+        per_image=f"{R}/per_image/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.parquet",
     log:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.log",
     benchmark:

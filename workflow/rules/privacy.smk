@@ -97,6 +97,7 @@ rule evaluate_private:
         unpack(private_evaluation_inputs),
     output:
         metrics=f"{PRIVATE_METRICS}/{{dp_model}}.parquet",
+        per_image=f"{R}/per_image/private/{PRIVATE_LOG}/{{dp_model}}.parquet",  # test images: never members
     log:
         f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.log",
     benchmark:

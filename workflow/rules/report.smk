@@ -1,9 +1,13 @@
 import glob
 
+from pipeline_src.plan.per_image_files import per_image_files
+
 
 rule report:
     input:
         lambda w: [*evaluation_targets(), rules.pretrain.output.metrics, *STUDY_METRICS],
+        # the claims' per-image records (plan/per_image_files.py): the claims table reads them
+        per_image=lambda w: per_image_files([*evaluation_targets(), *STUDY_METRICS], R),
         # Benchmark rows present when the DAG is built (benchmarks/ scripts write them into
         # results/benchmarks/, shared by every study) join the reports.
         benchmarks=sorted(glob.glob(f"{os.path.dirname(R)}/benchmarks/**/*.parquet", recursive=True)),

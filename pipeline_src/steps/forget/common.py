@@ -28,6 +28,7 @@ from pipeline_src.runner.runtime import resolve_device
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import PREFIX_BATCH
 from pipeline_src.store.metrics import metric_rows
+from pipeline_src.store.per_image import per_image_rows
 from pipeline_src.taft.compose import check_same_linearization, compose_deltas
 from pipeline_src.vit.digest import state_digest
 
@@ -156,10 +157,28 @@ class TestSet:
         return classification_metrics(logits, self.labels)
 
 
+def study_context(ctx: StudyContext, *, model: str, shards: int, seed: int, variant: dict, num_samples: int) -> dict:
+    """The context columns of one unlearned model's rows (the study's settings in `variant` as JSON)."""
+    return dict(experiment=ctx.cfg["experiment"], dataset=ctx.cfg["dataset"]["source"], method=ctx.method,
+                kind=ctx.kind, model=model, variant=json.dumps(variant, sort_keys=True), shards=shards,
+                shard_id=None, seed=seed, split="test", num_samples=num_samples)
+
+
 def study_rows(ctx: StudyContext, values: dict[str, float], *, model: str, shards: int, seed: int, variant: dict,
                num_samples: int, wall_time_s: float) -> list[dict]:
     """Metrics rows of one unlearned model (the study's settings go in `variant` as JSON)."""
-    context = dict(experiment=ctx.cfg["experiment"], dataset=ctx.cfg["dataset"]["source"], method=ctx.method,
-                   kind=ctx.kind, model=model, variant=json.dumps(variant, sort_keys=True), shards=shards,
-                   shard_id=None, seed=seed, split="test", num_samples=num_samples)
+    context = study_context(ctx, model=model, shards=shards, seed=seed, variant=variant, num_samples=num_samples)
     return metric_rows(values, context=context, device=ctx.device, wall_time_s=wall_time_s)
+
+
+def study_images(ctx: StudyContext, test: TestSet, logits: torch.Tensor, *, model: str, shards: int, seed: int,
+                 variant: dict) -> list[dict]:
+    """Per-image rows of one unlearned model on the test split (`store/per_image.py`), with the
+    context of its metrics rows, so the claims pair subtract and SISA drop per request.
+
+    Args:
+        test: the job's test split.
+        logits: (images, classes) of the model, in `test.ids` order.
+    """
+    context = study_context(ctx, model=model, shards=shards, seed=seed, variant=variant, num_samples=len(test.ids))
+    return per_image_rows(logits, test.labels, test.ids, context)

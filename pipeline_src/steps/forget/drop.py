@@ -6,7 +6,8 @@
   al., "Machine Unlearning", IEEE S&P 2021).
 
 For each number r of removed shards and each of the random requests, the same random shard
-set is removed for every method (seeded by seed, request, r and N).
+set is removed for every method (seeded by seed, request, r and N). Besides the metrics, each
+model's per-image correctness on the test split (`store/per_image.py`), for the claims' paired test.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import random_shards
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.forget.common import TestSet, load_context, study_rows
+from pipeline_src.steps.forget.common import TestSet, load_context, study_images, study_rows
 from pipeline_src.store.metrics import write_metrics
 from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.store.per_image import per_image_output, write_per_image
 
 
 def main(args: StepArgs) -> None:
@@ -35,7 +37,7 @@ def main(args: StepArgs) -> None:
     records = {r["shard_id"]: r for _, r in loaded}
     out_dir = Path(args.output.models)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, images = [], []
     if kind_of(ctx.kind).tangent:
         composed, comp_record = load_model(args.input.composed)
         order = [c["shard_id"] for c in comp_record["components"]]
@@ -73,6 +75,8 @@ def main(args: StepArgs) -> None:
         values = {**test.metrics(logits), "unlearn_time_s": seconds}
         rows += study_rows(ctx, values, model=strategy, shards=shards, seed=seed, variant=variant,
                            num_samples=len(test.ids), wall_time_s=seconds)
+        images += study_images(ctx, test, logits, model=strategy, shards=shards, seed=seed, variant=variant)
         print(f"{ctx.method} n{shards} {strategy} r={removed_count} q={request} removed {removed}: "
               f"accuracy {values['accuracy']:.4f}")
+    write_per_image(images, per_image_output(args.output))  # the claims pair subtract and SISA drop per request
     write_metrics(rows, args.output.metrics)

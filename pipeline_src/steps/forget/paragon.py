@@ -19,9 +19,10 @@ import dataclasses
 from pipeline_src.plan.forget import nonlinear_paragon, random_request
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.forget.common import StudyContext, TestSet, load_context, study_rows, train_on_ids
+from pipeline_src.steps.forget.common import StudyContext, TestSet, load_context, study_images, study_rows, train_on_ids
 from pipeline_src.store.metrics import write_metrics
 from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.store.per_image import per_image_output, write_per_image
 
 
 def paragon_context(ctx: StudyContext) -> tuple[StudyContext, str]:
@@ -56,10 +57,13 @@ def main(args: StepArgs) -> None:
                                  forgotten_ids=forgotten, paragon_of=studied)
     save_model(state, record, args.output.model)
     test = TestSet(trainer)
-    values = {**test.metrics(test.logits(state)), "unlearn_time_s": record["train_time_s"],
+    logits = test.logits(state)
+    values = {**test.metrics(logits), "unlearn_time_s": record["train_time_s"],
               "train_time_s": record["train_time_s"], "forgotten": len(forgotten), "retrained_samples": len(kept)}
     variant = {"strategy": model_name, "fraction": fraction, "request": request, "trained_method": trainer.method}
     # rows under the studied method, so the report joins them with its retrain-shard rows
+    write_per_image(study_images(ctx, test, logits, model=model_name, shards=1, seed=seed, variant=variant),
+                    per_image_output(args.output))
     write_metrics(study_rows(ctx, values, model=model_name, shards=1, seed=seed,
                              variant=variant, num_samples=len(test.ids), wall_time_s=record["train_time_s"]),
                   args.output.metrics)

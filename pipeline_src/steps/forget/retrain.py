@@ -5,7 +5,8 @@ forgotten id is retrained from scratch on its remaining samples, with the seed t
 used; the untouched shards are reused. The shards are recomposed as the `compose` step does
 (Δw sum for taft: Liu, Soatto et al., ICLR 2024; the soup otherwise), and for non-linear kinds
 their logit ensemble is evaluated too (`sisa-retrain`). The unlearned models are saved with
-records naming their components and exact sample ids, for `python -m pipeline_src.store.audit`.
+records naming their components and exact sample ids, for `python -m pipeline_src.store.audit`; their per-image test correctness goes to the rule's
+`per_image` output (`store/per_image.py`).
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from pipeline_src.methods.kinds import kind_of
 from pipeline_src.plan.forget import random_request
 from pipeline_src.runner.runtime import set_up_job
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.forget.common import TestSet, compose, load_context, study_rows, train_on_ids
+from pipeline_src.steps.forget.common import TestSet, compose, load_context, study_images, study_rows, train_on_ids
 from pipeline_src.store.metrics import write_metrics
 from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.store.per_image import per_image_output, write_per_image
 
 
 def main(args: StepArgs) -> None:
@@ -64,13 +66,17 @@ def main(args: StepArgs) -> None:
     variant = {"strategy": "retrain-shard", "fraction": fraction, "request": request, "affected": affected}
     stats = {"unlearn_time_s": seconds, "train_time_s": train_seconds, "forgotten": len(forgotten),
              "affected_shards": len(affected), "retrained_samples": sum(records[k]["num_samples"] for k in affected)}
-    results = {"retrain-shard": test.metrics(test.logits(composed))}
+    logits = {"retrain-shard": test.logits(composed)}
     if not kind_of(ctx.kind).tangent:  # the tangent composition already is the ensemble
-        results["sisa-retrain"] = test.metrics(ensemble_logits([test.logits(s) for s in states], weights))
-    rows = []
-    for model, values in results.items():
+        logits["sisa-retrain"] = ensemble_logits([test.logits(s) for s in states], weights)
+    rows, images = [], []
+    for model, model_logits in logits.items():
+        values = test.metrics(model_logits)
         rows += study_rows(ctx, {**values, **stats}, model=model, shards=shards, seed=seed,
                            variant={**variant, "strategy": model}, num_samples=len(test.ids), wall_time_s=seconds)
+        images += study_images(ctx, test, model_logits, model=model, shards=shards, seed=seed,
+                               variant={**variant, "strategy": model})
         print(f"{ctx.method} n{shards} {model} f={fraction} q={request}: {len(forgotten)} ids in "
               f"{len(affected)} shards, accuracy {values['accuracy']:.4f}, retrain {train_seconds:.2f}s")
+    write_per_image(images, per_image_output(args.output))
     write_metrics(rows, args.output.metrics)

@@ -6,7 +6,8 @@ after the matching of Zhang et al., ICML 2025 (`fusion_match`). The Fisher and t
 Grams of each model are computed on that model's own training shard (its record's sample ids)
 and on the MATCHED model (a rotation mixes coordinates and changes the inputs of proj/fc2), with
 the cached frozen-prefix features as inputs of `forward_from_prefix`. Writes the fused model and
-a metrics file (model `fusion-<method>`, the matching kind in `variant`).
+a metrics file (model `fusion-<method>`, the matching kind in `variant`) and the fused model's
+per-image test correctness (`store/per_image.py`), which the claims pair across matchings.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
 from pipeline_src.store.model_io import load_model, save_model
+from pipeline_src.store.per_image import per_image_output, per_image_rows, write_per_image
 
 
 def fuse_states(fusion: str, states: list[dict], template: torch.nn.Module,
@@ -85,11 +87,13 @@ def main(args: StepArgs) -> None:
 
     test = store.split("target", "test")
     h = prefix_rows(template, store, test.ids, features, backbone_record, device, eval_batch)
-    values = classification_metrics(logits_from(template, fused, h, eval_batch), test.labels)
+    logits = logits_from(template, fused, h, eval_batch).cpu()
+    values = classification_metrics(logits, test.labels)
     context = dict(experiment=cfg["experiment"], dataset=cfg["dataset"]["source"], method=w["method"],
                    kind=first["method_config"]["kind"], model=f"fusion-{fusion}",
                    variant=variant(cfg, init, matching), shards=int(w["shards"]), shard_id=None, seed=seed,
                    split="test", num_samples=len(test.ids))
+    write_per_image(per_image_rows(logits, test.labels, test.ids, context), per_image_output(args.output))
     write_metrics(metric_rows({**values, "fuse_time_s": seconds}, context=context, device=device, wall_time_s=seconds),
                   args.output.metrics)
     record = {

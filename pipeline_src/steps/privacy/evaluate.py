@@ -4,7 +4,10 @@ taft method's DP shards, or the logit ensemble of another kind's DP shards), wit
 Rows carry model `dp-shard`, `dp-soup` or `dp-ensemble`, the study settings as JSON in
 `variant` (protocol, regime, target ε, δ, accountant, mode, jvp_only), and besides `accuracy` and
 `loss` the metrics `epsilon` (ε spent, from the accountant; the worst shard's for a
-composition of disjoint shards) and `sigma` (noise multiplier; shard models only).
+composition of disjoint shards) and `sigma` (noise multiplier; shard models only). On the test
+split, the model's per-image correctness goes to the rule's `per_image` output
+(`store/per_image.py`, for the claims' paired test): test images only, which are never members,
+and like every file of a DP study's workspace it is owner-only (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.privacy.compose import composed_privacy
 from pipeline_src.store.job_counters import counted
 from pipeline_src.store.metrics import metric_rows, write_metrics
+from pipeline_src.store.per_image import per_image_output, per_image_rows, write_per_image
 
 
 def variant(record: dict) -> str:
@@ -70,6 +74,8 @@ def main(args: StepArgs) -> None:
         shards=int(w["shards"]), shard_id=args.params.get("shard_id"), seed=int(w["seed"]), split=split,
         num_samples=len(test.ids),
     )
+    if split == "test":  # the claims' paired tests; `validate_private` declares no per-image file
+        write_per_image(per_image_rows(logits, test.labels, test.ids, context), per_image_output(args.output))
     write_metrics(metric_rows(values, context=context, device=device, wall_time_s=time.perf_counter() - t0),
                   args.output.metrics)
     print(f"{w['protocol']} {w['method']} {w['regime']} eps {w['eps']} n{w['shards']} {args.params['model']}: "
