@@ -186,10 +186,11 @@ def test_a_changed_setting_reruns_the_jobs_that_read_it_only(tiny_study, tmp_pat
     retrains = [out for out in planned if out.startswith("results/tiny/metrics/unlearn_retrain/")]
     assert len(retrains) == 2 * 2  # both methods, both fractions
     soups = {out.split(", ")[0] for out in planned if out.startswith("results/tiny/compose/")}
-    # each method's N = 2 soup, and the forget study's taft soup it subtracts from (N = 3)
+    # each method's N = 2 soup; the forget study's taft soup that its drop subtracts from (N = 3) is
+    # not listed: the drop trains at taft-1's selection, so a dry run shows it waiting on the `select`
+    # checkpoint with its inputs unknown (a real run rebuilds that soup: the job's input after `select`)
     methods = validate_config(cfg, count_samples=False)["methods"]  # the search's grid points too
-    assert soups == {f"results/tiny/compose/{m}/n2_s0/soup.safetensors" for m in methods} | {
-        "results/tiny/compose/taft-1/n3_s0/soup.safetensors"}
+    assert soups == {f"results/tiny/compose/{m}/n2_s0/soup.safetensors" for m in methods}
     ensembles = [out for out in planned if out.startswith("results/tiny/metrics/evaluate/") and "/n2_s0/shards" in out]
     # the shard evaluations that hold an ensemble (N = 2), not N = 1, of the study's methods: the grid
     # points are validated only (`validate`), never tested
