@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from pipeline_src.methods.kinds import is_counterpart, nonlinear_counterpart
 from pipeline_src.plan.errors import ConfigError
-from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.samples import study_samples
 from pipeline_src.plan.section_seeds import section_seeds
 from pipeline_src.plan.sharding import shard_manifest
 
@@ -117,19 +117,13 @@ def validate_request(ids: Sequence[str], samples: pa.Table, pool: dict | None = 
 
 
 # ---------------------------------------------------------------- requests → shards (DAG-build time)
-@lru_cache(maxsize=4)
 def _samples_of(dataset_key: str, seed: int) -> pa.Table:
-    import json
-
-    dataset_cfg = json.loads(dataset_key)
-    return assign_splits(list_samples(dataset_cfg), dataset_cfg, seed)
+    return study_samples(json.loads(dataset_key), seed)[1]
 
 
 def samples_table(cfg: dict) -> pa.Table:
     """The samples table the `prepare` step will write (no image decoding), cached per config."""
-    import json
-
-    return _samples_of(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"])
+    return study_samples(cfg["dataset"], cfg["seed"])[1]
 
 
 def train_ids(samples: pa.Table) -> list[str]:
