@@ -126,10 +126,18 @@ def samples_table(cfg: dict) -> pa.Table:
     return study_samples(cfg["dataset"], cfg["seed"])[1]
 
 
+def _is_target_train(samples: pa.Table) -> pa.ChunkedArray:
+    return pc.and_(pc.equal(samples.column("task"), "target"), pc.equal(samples.column("split"), "train"))
+
+
 def train_ids(samples: pa.Table) -> list[str]:
     """Sorted ids of the target task's training split."""
-    mask = pc.and_(pc.equal(samples.column("task"), "target"), pc.equal(samples.column("split"), "train"))
-    return sorted(pc.filter(samples.column("sample_id"), mask).to_pylist())
+    return sorted(pc.filter(samples.column("sample_id"), _is_target_train(samples)).to_pylist())
+
+
+def train_count(samples: pa.Table) -> int:
+    """How many samples the target task's training split has (`len(train_ids(samples))`, unsorted)."""
+    return pc.sum(_is_target_train(samples)).as_py() or 0
 
 
 def requested_ids(cfg: dict) -> list[str]:

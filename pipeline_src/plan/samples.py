@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -216,11 +217,12 @@ def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> 
     """One line: classes and images per task and split, and what listing skipped or dropped."""
     rows = list(zip(table.column("task").to_pylist(), table.column("split").to_pylist()))
     names = table.column("class_name").to_pylist()
+    per_task_split = Counter(rows)
     parts = []
     for task in ("target", "source"):
         n_classes = len({c for c, (t, _) in zip(names, rows) if t == task})
         if n_classes:
-            counts = "/".join(str(sum(r == (task, s) for r in rows)) for s in ("train", "val", "test"))
+            counts = "/".join(str(per_task_split[task, s]) for s in ("train", "val", "test"))
             parts.append(f"{task} {n_classes} classes, train/val/test {counts} images")
     layout = dataset_cfg.get("layout", "folders")
     name = dataset_cfg["source"] + ("" if samples.paths is None or layout == "folders" else f" ({layout})")
