@@ -10,7 +10,8 @@
 #                        a disjoint pool of all 10 classes' training images); each target runs one alone
 #   make claims-regimes STUDIES="results/a results/b"   one claims table over two or more studies'
 #                        results folders, a column per regime, nearest first (docs/search.md)
-# and three for the pinned environment (docs/environment.md):
+# and four for the pinned environment (docs/environment.md):
+#   make install-slurm   the default install plus the Slurm executor plugin (docs/cluster-and-gpu.md)
 #   make lock    re-resolve requirements.lock after editing pyproject.toml (keeps pins that still fit)
 #   make lock-upgrade   the same, moving every pin to the newest release that fits
 #   make conda-env      rewrite workflow/envs/pipeline.yaml (the rules' conda env) from the lock (lock does it too)
@@ -33,16 +34,23 @@ LOCK_PLATFORM := x86_64-manylinux_2_28
 UV_VERSION := 0.13.9
 LOCKENV ?= $(VENV)/uv-env
 
-.PHONY: test-long test-all claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs gpu-bundle clean-results
+.PHONY: install-slurm test-long test-all claims-regimes study study-fashion study-fashion-far study-fashion-near fashion-mnist-data test install check-lock lock lock-upgrade conda-env golden docs gpu-bundle clean-results
 
+# The lock minus the optional Slurm extra's own pins (pipeline_src/plan/lock_extras.py: Snakemake imports
+# every installed executor plugin at each start); `make install-slurm` adds them (docs/cluster-and-gpu.md).
 $(BIN)/.installed: $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install --require-hashes -r $(LOCK)
+	$(BIN)/python -m pipeline_src.plan.lock_extras --without slurm $(LOCK) --out $(VENV)/requirements-default.txt
+	$(BIN)/pip install --require-hashes -r $(VENV)/requirements-default.txt
 	$(BIN)/pip install --no-deps -e .
 	touch $@
 
 install: $(BIN)/.installed
+
+# the whole lock: the default install and the Slurm executor plugin, pinned and hash-checked
+install-slurm: install
+	$(BIN)/pip install --require-hashes -r $(LOCK)
 
 check-lock: install
 	$(BIN)/python -m pipeline_src.plan.environment --check-lock $(LOCK)
@@ -87,7 +95,7 @@ $(LOCKENV)/bin/uv:
 	$(PYTHON) -m venv $(LOCKENV)
 	$(LOCKENV)/bin/pip install uv==$(UV_VERSION)
 
-UV_COMPILE = $(LOCKENV)/bin/uv pip compile pyproject.toml --extra test --generate-hashes \
+UV_COMPILE = $(LOCKENV)/bin/uv pip compile pyproject.toml --extra test --extra slurm --generate-hashes \
 	--python-version $(LOCK_PYTHON) --python-platform $(LOCK_PLATFORM) --custom-compile-command "make lock" --quiet -o $(LOCK)
 
 lock: $(LOCKENV)/bin/uv

@@ -74,21 +74,36 @@ def runtime_pins(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT
         ValueError: a dependency of pyproject.toml has no pin (run `make lock`).
     """
     pins = read_lock(lock)
+    roots = requirement_names(_load_toml(Path(pyproject))["project"]["dependencies"])
+    missing = [r for r in roots if r not in pins]
+    if missing:
+        raise ValueError(f"{lock} has no pin for {missing} of {pyproject}: run `make lock`")
+    return {n: pins[n] for n in sorted(lock_closure(roots, lock))}
+
+
+def requirement_names(requirements: list[str]) -> list[str]:
+    """The normalized project names of PEP 508 requirement strings."""
+    return [normalize(_NAME.match(r.strip()).group(0)) for r in requirements]
+
+
+def lock_closure(roots: list[str], lock: str | Path = LOCK_FILE) -> set[str]:
+    """`roots` and every pin they require, transitively, by the lock's `# via` comments.
+
+    Args:
+        roots: normalized project names.
+        lock: the lock file.
+    """
     children: dict[str, set[str]] = {}
     for child, parents in lock_parents(lock).items():
         for p in parents:
             children.setdefault(p, set()).add(child)
-    roots = [normalize(_NAME.match(r.strip()).group(0)) for r in _load_toml(Path(pyproject))["project"]["dependencies"]]
-    missing = [r for r in roots if r not in pins]
-    if missing:
-        raise ValueError(f"{lock} has no pin for {missing} of {pyproject}: run `make lock`")
     seen, todo = set(), list(roots)
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
             todo += sorted(children.get(name, ()))
-    return {n: pins[n] for n in sorted(seen)}
+    return seen
 
 
 def conda_env_text(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) -> str:

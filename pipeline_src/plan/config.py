@@ -176,7 +176,7 @@ def _check_semantics(cfg: dict, count_samples: bool, cache_dir: str | Path | Non
         key = "layout" if cfg["dataset"]["layout"] != "folders" else "skip_corrupt"
         raise ConfigError(f"config key 'dataset.{key}': only for dataset.source 'imagefolder'")
     if cfg["dataset"]["source"] == "idx":
-        _check_idx(cfg["dataset"])
+        _check_idx(cfg["dataset"], cache_dir)
     elif cfg["dataset"]["class_names"]:
         raise ConfigError("config key 'dataset.class_names': only for dataset.source 'idx' (other sources name "
                           "their classes: digits by their digit, image folders by their folder or label)")
@@ -261,12 +261,13 @@ def _check_dataset_path(dataset_cfg: dict, cache_dir: str | Path | None) -> None
         raise ConfigError(f"config key 'dataset.path': ImageFolder root not found: {path}")
 
 
-def _check_idx(dataset_cfg: dict) -> None:
+def _check_idx(dataset_cfg: dict, cache_dir: str | Path | None) -> None:
     """IDX files (`plan/idx_files.py`): every file there, with the right magic number, its data as
     long as its header says, as many labels as images; `dataset.path` defaults to Debian's
     Fashion-MNIST (filled in here, so the signatures name the files read)."""
-    from pipeline_src.plan.idx_files import DEFAULT_PATH, IdxError, list_idx
+    from pipeline_src.plan.idx_files import DEFAULT_PATH, IdxError, list_idx, use_cache_dir
 
+    use_cache_dir(cache_dir)  # files checked whole before, unchanged, have only their header read
     dataset_cfg["path"] = dataset_cfg["path"] or DEFAULT_PATH
     try:
         list_idx(dataset_cfg)  # checks both splits' files; the labels are read once per parse (cached headers)

@@ -45,7 +45,7 @@ def git_commit() -> str:
 
 LOCK_FILE = PACKAGE_ROOT / "requirements.lock"
 PYPROJECT = PACKAGE_ROOT / "pyproject.toml"
-LOCK_EXTRAS = ("test",)  # the optional-dependency groups `make lock` resolves with --extra
+LOCK_EXTRAS = ("test", "slurm")  # the optional-dependency groups `make lock` resolves with --extra
 LOCK_PYTHON = "3.11"  # the lock's target interpreter (Makefile LOCK_PYTHON)
 FINGERPRINT_PACKAGES = ("timm", "opacus", "snakemake", "numpy")  # besides python and torch
 
@@ -225,15 +225,20 @@ def _same_version(installed: str | None, locked: str) -> bool:
         return installed == locked
 
 
-def lock_drift(lock: str | Path = LOCK_FILE) -> list[tuple[str, str, str | None]]:
+def lock_drift(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) -> list[tuple[str, str, str | None]]:
     """Locked packages whose installed version differs: [(name, locked, installed or None)].
 
-    Cheap enough for the Snakefile's parse: reads package metadata, imports nothing.
+    Cheap enough for the Snakefile's parse: reads package metadata, imports nothing. A pin only an
+    optional extra needs (`lock_extras.OPTIONAL_EXTRAS`, e.g. the Slurm plugin) counts when installed.
     Also reports the interpreter as ('python', LOCK_PYTHON, running major.minor) when they differ.
     """
+    from pipeline_src.plan.lock_extras import extra_only_pins
+
     installed = _installed_versions()
+    optional = extra_only_pins(lock=lock, pyproject=pyproject)
     drift = [(name, want, installed.get(name)) for name, want in read_lock(lock).items()
-             if not _same_version(installed.get(name), want)]
+             if not _same_version(installed.get(name), want)
+             and not (name in optional and name not in installed)]  # an extra `make install` leaves out
     running = ".".join(platform.python_version_tuple()[:2])
     if running != LOCK_PYTHON:
         drift.insert(0, ("python", LOCK_PYTHON, running))

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from pipeline_src.methods.kinds import is_counterpart, nonlinear_counterpart
 from pipeline_src.plan.errors import ConfigError
-from pipeline_src.plan.samples import assign_splits, list_samples
+from pipeline_src.plan.samples import study_samples
 from pipeline_src.plan.section_seeds import section_seeds
 from pipeline_src.plan.sharding import shard_manifest
 
@@ -117,25 +117,27 @@ def validate_request(ids: Sequence[str], samples: pa.Table, pool: dict | None = 
 
 
 # ---------------------------------------------------------------- requests → shards (DAG-build time)
-@lru_cache(maxsize=4)
 def _samples_of(dataset_key: str, seed: int) -> pa.Table:
-    import json
-
-    dataset_cfg = json.loads(dataset_key)
-    return assign_splits(list_samples(dataset_cfg), dataset_cfg, seed)
+    return study_samples(json.loads(dataset_key), seed)[1]
 
 
 def samples_table(cfg: dict) -> pa.Table:
     """The samples table the `prepare` step will write (no image decoding), cached per config."""
-    import json
+    return study_samples(cfg["dataset"], cfg["seed"])[1]
 
-    return _samples_of(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"])
+
+def _is_target_train(samples: pa.Table) -> pa.ChunkedArray:
+    return pc.and_(pc.equal(samples.column("task"), "target"), pc.equal(samples.column("split"), "train"))
 
 
 def train_ids(samples: pa.Table) -> list[str]:
     """Sorted ids of the target task's training split."""
-    mask = pc.and_(pc.equal(samples.column("task"), "target"), pc.equal(samples.column("split"), "train"))
-    return sorted(pc.filter(samples.column("sample_id"), mask).to_pylist())
+    return sorted(pc.filter(samples.column("sample_id"), _is_target_train(samples)).to_pylist())
+
+
+def train_count(samples: pa.Table) -> int:
+    """How many samples the target task's training split has (`len(train_ids(samples))`, unsorted)."""
+    return pc.sum(_is_target_train(samples)).as_py() or 0
 
 
 def requested_ids(cfg: dict) -> list[str]:

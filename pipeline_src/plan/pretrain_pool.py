@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pipeline_src.plan.sharding import keyed_unit
+from pipeline_src.plan.sharding import keyed_unit, keyed_units
 
 
 def pool_key(pool_cfg: dict) -> str:
@@ -73,7 +73,7 @@ def in_pool(sample_ids: list[str], splits: list[str], pool_cfg: dict) -> np.ndar
         pool_cfg: `dataset.pretrain_pool`.
     """
     key = pool_key(pool_cfg)
-    u = np.array([keyed_unit(i, key) for i in sample_ids], dtype=np.float64)
+    u = keyed_units(sample_ids, key)
     return (np.asarray(splits, dtype=object) == "train") & (u < pool_cfg["fraction"])
 
 
@@ -128,8 +128,8 @@ def check_disjoint(table: pa.Table, pool_cfg: dict) -> None:
         dup = next(i for i in ids if i in seen or seen.add(i))
         raise ValueError(f"dataset.pretrain_pool: sample id '{dup}' appears twice in the samples table")
     key = pool_key(pool_cfg)
-    for i, t, s in zip(ids, tasks, splits):
-        member = keyed_unit(i, key) < pool_cfg["fraction"]
+    members = (keyed_units(ids, key) < pool_cfg["fraction"]).tolist()
+    for i, t, s, member in zip(ids, tasks, splits, members):
         if t == "source" and not member:
             raise ValueError(f"dataset.pretrain_pool: source sample '{i}' is not in the pool ({key})")
         if t == "target" and s == "train" and member:

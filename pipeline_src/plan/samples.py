@@ -20,7 +20,9 @@ With `dataset.pretrain_pool` the source task is instead a keyed-hash pool of the
 """
 from __future__ import annotations
 
+import json
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_s
 from pipeline_src.plan.idx_files import list_idx
 from pipeline_src.plan.image_check import drop_corrupt, refuse_corrupt
 from pipeline_src.plan.pretrain_pool import check_disjoint, draw_pool, named_classes, pool_class_names
-from pipeline_src.plan.sharding import keyed_unit
+from pipeline_src.plan.sharding import keyed_units
 
 SAMPLES_SCHEMA = pa.schema([
     ("sample_id", pa.string()),    # stable: "<source>/<class>/<index or file name>"
@@ -111,7 +113,7 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
     if samples.splits is not None and not samples.val_from_train:  # the layout's own splits
         split = np.array(samples.splits, dtype=object)
     else:
-        u = np.array([keyed_unit(i, f"split/{seed}") for i in samples.sample_ids])
+        u = keyed_units(samples.sample_ids, f"split/{seed}")
         if samples.val_from_train:
             given = np.array(samples.splits, dtype=object)
             split = np.where((given == "train") & (u < dataset_cfg["val_fraction"]), "val", given).astype(object)
@@ -134,7 +136,7 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
         tasks = ["source" if c in source else "target" for c in out.class_names]
     else:
         tasks = out.tasks
-    u = np.array([keyed_unit(i, f"limit/{seed}") for i in out.sample_ids])
+    u = keyed_units(out.sample_ids, f"limit/{seed}")
     names, groups = np.unique(np.array([f"{t}\0{c}\0{s}" for t, c, s in zip(tasks, out.class_names, split)]),
                               return_inverse=True)
     cap = np.array([limits[n.split("\0")[0]] or len(split) for n in names])[groups]
@@ -174,10 +176,36 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
     }, schema=SAMPLES_SCHEMA)
 
 
+_STUDY_SAMPLES: dict[tuple[str, int], tuple[SampleList, pa.Table]] = {}  # (dataset config, seed) → its samples
+
+
+def study_samples(dataset_cfg: dict, seed: int, fresh: bool = False) -> tuple[SampleList, pa.Table]:
+    """The listing and the samples table `prepare` will write (no image decoding), kept per
+    (dataset config, seed) so that validation, the forget plans and the shard manifests of one
+    DAG build list and split the dataset once (the Fashion study's keyed hashes took a tenth of a
+    dry run when each drew them anew). Validation asks for a `fresh` one, so a process that
+    validates again (a test, a second workflow) sees the files as they are now. Callers must not
+    change what it returns.
+
+    Args:
+        dataset_cfg: the config's `dataset` section.
+        seed: the config's `seed`.
+        fresh: list and split again even when kept, and keep the new result.
+    """
+    key = (json.dumps(dataset_cfg, sort_keys=True), seed)
+    if fresh or key not in _STUDY_SAMPLES:
+        listed = list_samples(dataset_cfg)
+        table = assign_splits(listed, dataset_cfg, seed)
+        _STUDY_SAMPLES.pop(key, None)
+        while len(_STUDY_SAMPLES) >= 4:  # a few configs at most: tests, the near/far studies
+            _STUDY_SAMPLES.pop(next(iter(_STUDY_SAMPLES)))
+        _STUDY_SAMPLES[key] = (listed, table)
+    return _STUDY_SAMPLES[key]
+
+
 def count_train_samples(cfg: dict) -> int:
     """Number of target-task training samples the config yields (no image decoding)."""
-    listed = list_samples(cfg["dataset"])
-    table = assign_splits(listed, cfg["dataset"], cfg["seed"])
+    listed, table = study_samples(cfg["dataset"], cfg["seed"], fresh=True)  # validation: as the files are now
     print(dataset_summary(cfg["dataset"], listed, table), file=sys.stderr)  # shown at validation
     if cfg["dataset"].get("pretrain_pool"):
         check_disjoint(table, cfg["dataset"]["pretrain_pool"])  # before any job: prepare asserts it again
@@ -189,11 +217,12 @@ def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> 
     """One line: classes and images per task and split, and what listing skipped or dropped."""
     rows = list(zip(table.column("task").to_pylist(), table.column("split").to_pylist()))
     names = table.column("class_name").to_pylist()
+    per_task_split = Counter(rows)
     parts = []
     for task in ("target", "source"):
         n_classes = len({c for c, (t, _) in zip(names, rows) if t == task})
         if n_classes:
-            counts = "/".join(str(sum(r == (task, s) for r in rows)) for s in ("train", "val", "test"))
+            counts = "/".join(str(per_task_split[task, s]) for s in ("train", "val", "test"))
             parts.append(f"{task} {n_classes} classes, train/val/test {counts} images")
     layout = dataset_cfg.get("layout", "folders")
     name = dataset_cfg["source"] + ("" if samples.paths is None or layout == "folders" else f" ({layout})")

@@ -11,6 +11,7 @@ seed give the same manifest, byte for byte. Torch-free: the Snakefile uses it at
 from __future__ import annotations
 
 import hashlib
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,27 @@ def keyed_unit(sample_id: str, key: str) -> float:
     """A uniform number in [0, 1) from a keyed hash of `sample_id` (53 bits, exact in float64)."""
     digest = hashlib.blake2b(sample_id.encode(), key=key.encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)
+
+
+def keyed_units(sample_ids: Sequence[str], key: str) -> np.ndarray:
+    """`keyed_unit` of every id, as a float64 array: the same values, at half the cost (the keyed
+    hasher is set up once and copied per id; the Fashion study hashes ~140,000 ids per dry run).
+    Equal to `keyed_unit` bit for bit: both take the top 53 bits of the same digest, an integer
+    below 2**53 that float64 holds exactly, and divide by 2**53 (exact: a power of two).
+
+    Args:
+        sample_ids: the ids.
+        key: the hash key, e.g. 'split/<seed>'.
+    """
+    keyed = hashlib.blake2b(key=key.encode(), digest_size=8)
+
+    def digest(sample_id: str) -> bytes:
+        h = keyed.copy()
+        h.update(sample_id.encode())
+        return h.digest()
+
+    top = np.frombuffer(b"".join(map(digest, sample_ids)), dtype=">u8") >> np.uint64(11)  # (n,) 53-bit integers
+    return top.astype(np.float64) / float(1 << 53)
 
 
 def shard_of(sample_id: str, num_shards: int, seed: int) -> int:
@@ -46,7 +68,7 @@ def shard_manifest(train_ids: list[str], num_shards: int, seed: int) -> pa.Table
         raise ValueError(f"duplicate sample id in training split: {dup}")
     if not 1 <= num_shards <= len(ids):
         raise ValueError(f"shards: {num_shards} shards for {len(ids)} training samples")
-    shard = np.array([shard_of(i, num_shards, seed) for i in ids], dtype=np.int64)
+    shard = (keyed_units(ids, f"shard/{seed}") * num_shards).astype(np.int64)  # shard_of, all ids at once
     sizes = np.bincount(shard, minlength=num_shards)
     if (sizes == 0).any():
         raise ValueError(f"shards: {num_shards} shards (seed {seed}) leave shard {int(np.argmin(sizes))} empty: "

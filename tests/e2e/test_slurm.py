@@ -16,6 +16,7 @@ must be bit-identical.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -42,6 +43,8 @@ if FULL:  # the whole study also sends the data, pretraining, study and report j
 
 def slurm_state() -> str | None:
     """Why the cluster cannot take jobs, or None when a node is idle or busy."""
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        return "the Slurm executor plugin is not installed (an extra since issue 44): run `make install-slurm`"
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         return "Slurm is not installed (no sinfo/sbatch): run `sudo .ci/slurm-up.sh`"
     try:

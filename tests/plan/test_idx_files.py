@@ -237,3 +237,29 @@ def test_images_are_resized_as_image_files_are(tmp_path):
     assert images.shape == (42, 3, 3, 3)
     first = np.asarray(Image.fromarray(arrays["train_images"][0]).resize((3, 3), Image.BILINEAR))
     assert all(np.array_equal(images[0, c], first) for c in range(3))  # grey repeated over the channels
+
+
+def test_a_file_checked_whole_before_and_unchanged_has_only_its_header_read(tmp_path, monkeypatch):
+    # The whole-stream check is a twentieth of the Fashion study's dry run; its verdict is kept in
+    # the parse cache per (size, mtime, ctime), and any write to the file brings the check back.
+    make_idx(tmp_path / "data")
+    cache = tmp_path / "plan_cache"
+    cache.mkdir()
+    whole = []
+    check_whole = idx_files._checked_length.__wrapped__
+    monkeypatch.setattr(idx_files, "_checked_length", lambda *a: whole.append(a[0]) or check_whole(*a))
+    idx_files.use_cache_dir(cache)
+    try:
+        first = read_split(tmp_path / "data", "train")
+        assert len(whole) == 2 and (cache / idx_files.CACHE_FILE).is_file()
+        again = read_split(tmp_path / "data", "train")
+        assert len(whole) == 2 and again.images == first.images and (again.labels == first.labels).all()
+        _cut(tmp_path / "data" / "train-images-idx3-ubyte.gz", 200)  # same cache, new file: checked whole
+        with pytest.raises(IdxTruncated, match="train-images"):
+            read_split(tmp_path / "data", "train")
+        idx_files.use_cache_dir(None)  # prepare's way: no cache, every file checked whole
+        read_split(tmp_path / "data", "test")
+        read_split(tmp_path / "data", "test")
+        assert whole[-2:] == whole[-4:-2] and len(whole) == 7
+    finally:
+        idx_files.use_cache_dir(None)

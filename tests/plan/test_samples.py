@@ -91,3 +91,21 @@ def test_limit_per_class_selects_the_digits_rows_it_keeps():
     assert len(t["sample_id"]) == 9 * 7 * 3 + 2 * 3  # every class has more than 7 per split
     everything = load_images(list_samples(cfg | {"limit_per_class": None, "source_limit_per_class": None}), cfg)
     assert np.array_equal(load_images(kept, cfg).numpy(), everything.numpy()[kept.source_rows])
+
+
+def test_validation_lists_the_dataset_once_for_the_dag_and_again_when_validated_again(image_folder, monkeypatch):
+    # Validation and the DAG's plans (forget requests, shard manifests) share one listing per
+    # (dataset, seed): the Fashion study's dry run drew its ~140,000 keyed hashes twice before.
+    from pipeline_src.plan.forget import samples_table
+
+    calls = []
+    list_folders = LAYOUTS["folders"]
+    monkeypatch.setitem(LAYOUTS, "folders", lambda cfg: calls.append(1) or list_folders(cfg))  # counts listings
+    cfg = validate_config({"experiment": "x", "dataset": {"source": "imagefolder", "path": str(image_folder)},
+                           "backbone": {"source": "timm", "timm_name": "vit_tiny_patch16_224"},
+                           "methods": {"fc": {"kind": "fc"}}, "shards": [2]})
+    table = samples_table(cfg)
+    assert len(calls) == 1 and table.num_rows == 18  # the DAG reads the table validation drew
+    (image_folder / "circle" / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="broken.png"):
+        count_train_samples(cfg)  # a new validation lists the files as they are now

@@ -1,7 +1,7 @@
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline_src.plan.sharding import shard_ids, shard_manifest, shard_of, shard_sizes
+from pipeline_src.plan.sharding import keyed_unit, keyed_units, shard_ids, shard_manifest, shard_of, shard_sizes
 from pipeline_src.store.atomic import write_parquet
 
 IDS = [f"s{i:03d}" for i in range(103)]
@@ -48,3 +48,17 @@ def test_more_shards_than_samples_and_duplicates_fail():
         shard_manifest(IDS[:3], 5, seed=0)
     with pytest.raises(ValueError, match="duplicate sample id in training split: s001"):
         shard_manifest(["s001", "s001", "s002"], 2, seed=0)
+
+
+def test_keyed_units_equal_keyed_unit_bit_for_bit():
+    # Both divide the same 53-bit integer by 2**53, each step exact in float64: equality is guaranteed.
+    ids = [f"s{i}" for i in range(500)] + ["é/ü", "", "digits/3/0001"]
+    for key in ("split/0", "limit/7", "shard/3"):
+        assert keyed_units(ids, key).tolist() == [keyed_unit(i, key) for i in ids]
+    assert keyed_units([], "split/0").shape == (0,)
+
+
+def test_the_manifest_assigns_each_id_its_shard_of():
+    ids = [f"s{i}" for i in range(300)]
+    table = shard_manifest(ids, 7, seed=2)
+    assert table.column("shard").to_pylist() == [shard_of(i, 7, 2) for i in table.column("sample_id").to_pylist()]

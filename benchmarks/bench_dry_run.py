@@ -1,0 +1,101 @@
+"""CPU seconds of a cold dry run per study (issue 44: default ≤ 2 s, Fashion ≤ 5 s).
+
+Each repeat runs `python -m snakemake -n -q rules -s <repo>/Snakefile --configfile <study>` in a
+fresh empty folder (no `.snakemake/`, no `results/`, so no plan cache: what a first dry run pays)
+and reads the child's user + system CPU seconds and peak RSS from `os.wait4`. CPU seconds, not wall:
+on a shared machine the wall clock measures the others' load. The job count comes from the run's
+own job table, so a row also says that the plan did not change. `--python` runs the dry runs with
+other interpreters (venvs with and without the Slurm executor plugin, say), their repeats
+interleaved; each row names whether its interpreter has the plugin. Rows go to <out-dir>/dry_run.parquet
+(`store/benchmark_rows.py`), the CPU milliseconds in `time_ms_*`, the wall in `sizes`.
+
+    python benchmarks/bench_dry_run.py                         # both studies, 5 repeats each
+    python benchmarks/bench_dry_run.py --study default --repeats 9 --python with=.venv/bin/python --python without=/other/bin/python
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+STUDIES = {"default": "config.yaml", "fashion": "studies/fashion_mnist.yaml", "fashion_near": "studies/fashion_near.yaml"}
+_TOTAL = re.compile(r"^total\s+(\d+)\s*$", re.M)
+
+
+def dry_run(python: str, configfile: str) -> tuple[float, float, float, int]:
+    """One cold dry run: (CPU s, wall s, peak RSS MB, jobs planned).
+
+    Args:
+        python: the interpreter that runs Snakemake.
+        configfile: the study file, relative to the repository.
+    """
+    with tempfile.TemporaryDirectory(prefix="dry-run-") as folder:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(REPO / "Snakefile"),
+               "--configfile", str(REPO / configfile)]
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-3000:]}")
+    jobs = _TOTAL.search(out)
+    if not jobs:
+        raise RuntimeError(f"no job table in the dry run's output:\n{out[-3000:]}")
+    return usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024, int(jobs.group(1))
+
+
+def has_module(python: str, name: str) -> bool:
+    """Whether `python` can import the top-level module `name` (found, not imported)."""
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--study", action="append", choices=sorted(STUDIES), help="repeatable (default: default, fashion)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--python", action="append", metavar="[LABEL=]PATH",
+                   help="an interpreter that runs Snakemake, repeatable: the repeats alternate between them, so "
+                        "the machine's load varies alike (default: this one)")
+    p.add_argument("--out-dir", default="results/benchmarks")
+    args = p.parse_args()
+    from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
+
+    pythons = dict(x.split("=", 1) if "=" in x else ("", x) for x in args.python or [sys.executable])
+    rows = []
+    for study in args.study or ["default", "fashion"]:
+        runs: dict[str, list[tuple[float, float, float, int]]] = {label: [] for label in pythons}
+        for _ in range(args.repeats):
+            for label, python in pythons.items():
+                runs[label].append(dry_run(python, STUDIES[study]))
+        for label, python in pythons.items():
+            cpu, wall, rss, jobs = (list(x) for x in zip(*runs[label]))
+            if len(set(jobs)) != 1:
+                raise RuntimeError(f"{study}: the dry runs planned different job counts: {jobs}")
+            slurm_plugin = has_module(python, "snakemake_executor_plugin_slurm")
+            sizes = {"study": STUDIES[study], "jobs": jobs[0], "slurm_plugin_installed": slurm_plugin,
+                     "python": python, "clock": "user+sys CPU of the snakemake process (os.wait4)", "cold": True,
+                     "wall_ms_median": round(statistics.median(wall) * 1000, 1)}
+            case = study + (f"/{label}" if label else "")
+            rows.append(benchmark_row("dry_run", case, "cpu", sizes, [c * 1000 for c in cpu], max(rss),
+                                      method="ru_maxrss of the dry-run process (os.wait4)"))
+            print(f"{case:24s} {jobs[0]:5d} jobs  CPU median {statistics.median(cpu):5.2f} s "
+                  f"(all: {', '.join(f'{c:.2f}' for c in cpu)}), wall median {statistics.median(wall):5.2f} s, "
+                  f"peak RSS {max(rss):.0f} MB, Slurm plugin {'installed' if slurm_plugin else 'absent'}", flush=True)
+    print(write_benchmark_rows("dry_run", rows, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
