@@ -132,7 +132,7 @@ def apply_selection(method_cfg: dict, choice: dict[str, Any], spec: dict[str, An
         spec: the job's `selected_at` param.
         path: the record's path, as the job's input names it.
     """
-    if "point" in spec and {k: choice.get(k) for k in spec["point"]} != spec["point"]:
+    if spec.get("point") and {k: choice.get(k) for k in spec["point"]} != spec["point"]:
         raise ValueError(f"selection {path} now chooses {choice['candidate']} at N = {spec['shards']}, but this job "
                          f"was planned at {spec['point']['candidate']}: run the study again to plan it anew")
     out = {**method_cfg}

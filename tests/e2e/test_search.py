@@ -95,9 +95,9 @@ FC_DEPENDANTS = sorted([  # fc trains at its selection at N = 1 and 2 (the tiny 
     "results/tiny/train/fc/n2_s0/shard0.safetensors, results/tiny/train/fc/n2_s0/shard0.json",
     "results/tiny/train/fc/n2_s0/shard1.safetensors, results/tiny/train/fc/n2_s0/shard1.json",
     "results/tiny/compose/fc/n2_s0/soup.safetensors, results/tiny/compose/fc/n2_s0/soup.json",
-    "results/tiny/metrics/evaluate/fc/n1_s0/shards.parquet",
-    "results/tiny/metrics/evaluate/fc/n2_s0/shards.parquet",
-    "results/tiny/metrics/evaluate/fc/n2_s0/soup.parquet",
+    "results/tiny/metrics/evaluate/fc/n1_s0/shards.parquet, results/tiny/per_image/evaluate/fc/n1_s0/shards.parquet",
+    "results/tiny/metrics/evaluate/fc/n2_s0/shards.parquet, results/tiny/per_image/evaluate/fc/n2_s0/shards.parquet",
+    "results/tiny/metrics/evaluate/fc/n2_s0/soup.parquet, results/tiny/per_image/evaluate/fc/n2_s0/soup.parquet",
     "results/tiny/report"])
 
 

@@ -31,7 +31,7 @@ from pipeline_src.plan.forget import nonlinear_paragon
 from pipeline_src.plan.last_grid import grid_points
 from pipeline_src.plan.privacy import dp_method_config, dp_settings
 from pipeline_src.plan.search import is_variant, method_shards
-from pipeline_src.plan.selected_point import PRIVATE_AXES, TRAIN_AXES, chosen_point, selected_at
+from pipeline_src.plan.selected_point import PRIVATE_AXES, TRAIN_AXES, chosen_point, selected_at, selection_file
 from pipeline_src.plan.step_settings import dataset_signature, settings_for
 from pipeline_src.plan.vectorized import train_method_constraint, vectorized_jobs
 
@@ -207,26 +207,37 @@ def train_inputs(w):
 
 
 def selection_record(spec):
-    """The `select` record a job at `spec` reads, through the checkpoint: while the record is still
-    to be made, Snakemake defers the job until `select` has run, then builds it again."""
-    return checkpoints.select.get(method=spec["base"]).output.record
+    """The `select` record a job at `spec` reads, and whether it exists. An existing record goes
+    through the checkpoint: while `select` is to run again, Snakemake defers the job until it has,
+    then builds it again. A missing one (a fresh study) is a plain input, so a dry run lists every
+    job; the checkpoint builds its readers again all the same once `select` has run."""
+    path = selection_file(R, spec["base"])
+    if not os.path.exists(path):
+        return path, False
+    return checkpoints.select.get(method=spec["base"]).output.record, True
 
 
 def selected_point(name, shards, axes=TRAIN_AXES):
     """A job's `selected_at` param (`plan/selected_point.py`): which choice of its method's search it
-    trains at (N: the models' own, a full-data model's 1) and the point that choice holds now, or
-    None where it trains at its own settings. The point is the rerun trigger: `select` is a
-    checkpoint, so a rerun that changes a choice reruns the jobs at that choice, and one that keeps
-    it reruns none (a forget request retrains the touched shards only)."""
+    trains at (N: the models' own, a full-data model's 1) and the point that choice holds now (None
+    before `select` has run), or None where it trains at its own settings. The point is the rerun
+    trigger: `select` is a checkpoint, so a rerun that changes a choice reruns the jobs at that
+    choice, and one that keeps it reruns none (a forget request retrains the touched shards only)."""
     spec = selected_at(config, name, int(shards), axes)
-    return spec and {**spec, "point": chosen_point(selection_record(spec), spec)}
+    if spec is None:
+        return None
+    path, exists = selection_record(spec)
+    return {**spec, "point": chosen_point(path, spec) if exists else None}
 
 
 def selection_input(name, shards, axes=TRAIN_AXES):
-    """{"selection": the `select` record} for a job with a `selected_at`, else {}; `ancient`, since
-    the point in `selected_at`, not the record's time, says whether the job reruns."""
+    """{"selection": the `select` record} for a job with a `selected_at`, else {}; once it exists
+    `ancient`, since the point in `selected_at`, not the record's time, says whether the job reruns."""
     spec = selected_at(config, name, int(shards), axes)
-    return {"selection": ancient(selection_record(spec))} if spec else {}
+    if spec is None:
+        return {}
+    path, exists = selection_record(spec)
+    return {"selection": ancient(path) if exists else path}
 
 
 def fusion_train_inputs(w):
