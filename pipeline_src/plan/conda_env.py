@@ -14,7 +14,6 @@ committed file is what the lock gives.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -24,44 +23,11 @@ from pipeline_src.plan.environment import (
     PACKAGE_ROOT,
     PYPROJECT,
     _load_toml,
-    normalize,
     read_lock,
 )
+from pipeline_src.plan.lock_graph import lock_closure, lock_parents, requirement_names  # noqa: F401 (re-exported)
 
 ENV_FILE = PACKAGE_ROOT / "workflow" / "envs" / "pipeline.yaml"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a requirement's project name (PEP 508)
-_ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==")
-_PARENT = re.compile(r"^#\s+(?:via\s+)?([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(\(.*\))?$")
-
-
-def lock_parents(lock: str | Path) -> dict[str, set[str]]:
-    """{pin: the pins that require it}, from the `# via` comments of a `uv pip compile` lock
-    (`via x` on one line, or `via` followed by `#   x` lines). The project itself is not a pin
-    and is left out.
-
-    Args:
-        lock: the lock file.
-    """
-    parents: dict[str, set[str]] = {}
-    current = None
-    in_via = False
-    for line in Path(lock).read_text().splitlines():
-        m = _ENTRY.match(line)
-        if m:
-            current, in_via = normalize(m.group(1)), False
-            parents[current] = set()
-            continue
-        s = line.strip()
-        if current is None or not s.startswith("#"):
-            continue
-        if s == "# via":
-            in_via = True
-            continue
-        if s.startswith("# via ") or in_via:
-            p = _PARENT.match(s)
-            if p and not p.group(3):  # "(pyproject.toml)": a requirement of the project itself
-                parents[current].add(normalize(p.group(1)))
-    return parents
 
 
 def runtime_pins(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) -> dict[str, str]:
@@ -79,31 +45,6 @@ def runtime_pins(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT
     if missing:
         raise ValueError(f"{lock} has no pin for {missing} of {pyproject}: run `make lock`")
     return {n: pins[n] for n in sorted(lock_closure(roots, lock))}
-
-
-def requirement_names(requirements: list[str]) -> list[str]:
-    """The normalized project names of PEP 508 requirement strings."""
-    return [normalize(_NAME.match(r.strip()).group(0)) for r in requirements]
-
-
-def lock_closure(roots: list[str], lock: str | Path = LOCK_FILE) -> set[str]:
-    """`roots` and every pin they require, transitively, by the lock's `# via` comments.
-
-    Args:
-        roots: normalized project names.
-        lock: the lock file.
-    """
-    children: dict[str, set[str]] = {}
-    for child, parents in lock_parents(lock).items():
-        for p in parents:
-            children.setdefault(p, set()).add(child)
-    seen, todo = set(), list(roots)
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += sorted(children.get(name, ()))
-    return seen
 
 
 def conda_env_text(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) -> str:

@@ -45,16 +45,12 @@ def git_commit() -> str:
 
 LOCK_FILE = PACKAGE_ROOT / "requirements.lock"
 PYPROJECT = PACKAGE_ROOT / "pyproject.toml"
-LOCK_EXTRAS = ("test", "slurm")  # the optional-dependency groups `make lock` resolves with --extra
 LOCK_PYTHON = "3.11"  # the lock's target interpreter (Makefile LOCK_PYTHON)
 FINGERPRINT_PACKAGES = ("timm", "opacus", "snakemake", "numpy")  # besides python and torch
 
+from pipeline_src.plan.lock_graph import LOCK_EXTRAS, OPTIONAL_EXTRAS, _load_toml, extra_only_pins, normalize  # noqa: E402,F401
+
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
-
-
-def normalize(name: str) -> str:
-    """PEP 503 normalized project name ('Scikit_Learn' -> 'scikit-learn')."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _installed_version(name: str) -> str | None:
@@ -142,15 +138,6 @@ def read_lock(path: str | Path) -> dict[str, str]:
     return pins
 
 
-def _load_toml(path: Path) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-    with path.open("rb") as f:
-        return tomllib.load(f)
-
-
 def check_lock(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) -> list[str]:
     """Where `pyproject.toml` and the lock disagree; an empty list when they agree.
 
@@ -229,13 +216,11 @@ def lock_drift(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) 
     """Locked packages whose installed version differs: [(name, locked, installed or None)].
 
     Cheap enough for the Snakefile's parse: reads package metadata, imports nothing. A pin only an
-    optional extra needs (`lock_extras.OPTIONAL_EXTRAS`, e.g. the Slurm plugin) counts when installed.
+    optional extra needs (`lock_graph.OPTIONAL_EXTRAS`, e.g. the Slurm plugin) counts when installed.
     Also reports the interpreter as ('python', LOCK_PYTHON, running major.minor) when they differ.
     """
-    from pipeline_src.plan.lock_extras import extra_only_pins
-
     installed = _installed_versions()
-    optional = extra_only_pins(lock=lock, pyproject=pyproject)
+    optional = extra_only_pins(OPTIONAL_EXTRAS, lock, pyproject)
     drift = [(name, want, installed.get(name)) for name, want in read_lock(lock).items()
              if not _same_version(installed.get(name), want)
              and not (name in optional and name not in installed)]  # an extra `make install` leaves out

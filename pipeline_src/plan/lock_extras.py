@@ -6,7 +6,7 @@ is not installed by default: Snakemake imports every installed `snakemake_execut
 at each start, a dry run included, and the Slurm plugin's imports (pandas) were a tenth of the
 default study's dry run; with the Slurm client installed but no controller reachable its start-up
 probe also waits about 9 s. `make install` therefore installs the lock minus the pins that only
-the extra needs (read from the lock's `# via` comments, `conda_env.lock_parents`), with their
+the extra needs (read from the lock's `# via` comments, `lock_graph.lock_parents`), with their
 hashes; `make install-slurm` installs the whole lock. A pin that the default install leaves
 out is not an environment drift (`environment.lock_drift`). The standard library suffices: the
 Makefile runs this before anything is installed.
@@ -16,35 +16,11 @@ Makefile runs this before anything is installed.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
-from pipeline_src.plan.conda_env import lock_closure, requirement_names
-from pipeline_src.plan.environment import LOCK_EXTRAS, LOCK_FILE, PYPROJECT, _load_toml, normalize
-
-OPTIONAL_EXTRAS = ("slurm",)  # groups of LOCK_EXTRAS that `make install` leaves out
-_ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==")
-
-
-def extra_only_pins(extras: tuple[str, ...] = OPTIONAL_EXTRAS, lock: str | Path = LOCK_FILE,
-                    pyproject: str | Path = PYPROJECT) -> set[str]:
-    """The pins (normalized names) that only `extras` need: what they require, minus what
-    `[project].dependencies` and the other `LOCK_EXTRAS` groups require.
-
-    Args:
-        extras: optional-dependency groups of pyproject.toml.
-        lock: the lock file.
-        pyproject: the project's `pyproject.toml`.
-    """
-    project = _load_toml(Path(pyproject))["project"]
-    groups = project.get("optional-dependencies", {})
-    kept = requirement_names(project.get("dependencies", []))
-    for extra in LOCK_EXTRAS:
-        if extra not in extras:
-            kept += requirement_names(groups.get(extra, []))
-    left_out = requirement_names([r for extra in extras for r in groups.get(extra, [])])
-    return lock_closure(left_out, lock) - lock_closure(kept, lock)
+from pipeline_src.plan.environment import LOCK_FILE, PYPROJECT
+from pipeline_src.plan.lock_graph import _ENTRY, LOCK_EXTRAS, extra_only_pins, normalize
 
 
 def lock_without(extras: tuple[str, ...], lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) -> str:

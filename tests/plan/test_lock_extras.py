@@ -14,7 +14,7 @@ SLURM_PINS = {"snakemake-executor-plugin-slurm", "snakemake-executor-plugin-slur
 
 
 def test_the_default_requirements_are_the_lock_without_the_slurm_plugins(tmp_path):
-    assert extra_only_pins(("slurm",)) == SLURM_PINS
+    assert extra_only_pins(("slurm",), LOCK_FILE, PYPROJECT) == SLURM_PINS
     out = tmp_path / "requirements-default.txt"
     # run as the Makefile does, by an interpreter without site-packages (before anything is installed)
     subprocess.run([sys.executable, "-S", "-m", "pipeline_src.plan.lock_extras", "--without", "slurm", str(LOCK_FILE),

@@ -52,6 +52,9 @@ def same(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("method", ["nlft-1", "taft-1"])
 def test_workers_and_precision_leave_cpu_training_bit_identical(prepared, method, capsys):
     cfg, results = prepared
+    # Under the rounding guard the first training of a process differs in its last bits from every
+    # later one (some one-time state, not traced; without the guard they agree): compare later ones.
+    train(cfg, results, method, "warm-up")
     base = train(cfg, results, method, "base")
     assert same(base, train(cfg, results, method, "workers", num_workers=2))
     assert same(base, train(cfg, results, method, "bf16", precision="bfloat16"))  # CPU: float32 regardless
