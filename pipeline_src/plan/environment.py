@@ -220,7 +220,8 @@ def lock_drift(lock: str | Path = LOCK_FILE, pyproject: str | Path = PYPROJECT) 
     Also reports the interpreter as ('python', LOCK_PYTHON, running major.minor) when they differ.
     """
     installed = _installed_versions()
-    optional = extra_only_pins(OPTIONAL_EXTRAS, lock, pyproject)
+    # a workflow copied without its project file: no pin is known to be an extra's
+    optional = extra_only_pins(OPTIONAL_EXTRAS, lock, pyproject) if Path(pyproject).is_file() else set()
     drift = [(name, want, installed.get(name)) for name, want in read_lock(lock).items()
              if not _same_version(installed.get(name), want)
              and not (name in optional and name not in installed)]  # an extra `make install` leaves out

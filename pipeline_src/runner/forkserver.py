@@ -24,6 +24,7 @@ import pickle
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -57,7 +58,29 @@ def socket_path() -> Path:
     """One server per user, Python interpreter, package folder and version of its code."""
     package = PACKAGE  # the whole pipeline_src, not only runner/
     key = f"{sys.executable}|{package}|{code_digest(package)}|{os.getuid()}"
-    return Path(tempfile.gettempdir()) / f"vitpipe-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock"
+    return socket_in_tmp(f"vitpipe-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock")
+
+
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL on Linux)
+
+
+def socket_in_tmp(name: str) -> Path:
+    """`name` in the temporary folder (TMPDIR), or, where that path is too long for a Unix socket
+    (a deep TMPDIR: binding would fail and every job would silently run without its server), in
+    `/tmp/vitpipe-<uid>/`, made owner-only and refused unless it is this user's own 0700 folder.
+
+    Raises:
+        PermissionError: the short folder exists but is another user's or not owner-only.
+    """
+    path = Path(tempfile.gettempdir()) / name
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        return path
+    short = Path("/tmp") / f"vitpipe-{os.getuid()}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    st = short.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise PermissionError(f"{short} must be a folder of user {os.getuid()} with mode 0700 (it holds job server sockets)")
+    return short / name
 
 
 def _send(sock: socket.socket, obj) -> None:

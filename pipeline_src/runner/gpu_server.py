@@ -34,14 +34,13 @@ import select
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pipeline_src.runner.forkserver import PACKAGE, _ensure_server, _recv, _send, code_digest, listen_at
+from pipeline_src.runner.forkserver import PACKAGE, _ensure_server, _recv, _send, code_digest, listen_at, socket_in_tmp
 from pipeline_src.runner.job_process import EXECUTE, JobExit, reap
 
 IDLE_SECONDS = 120
@@ -58,7 +57,7 @@ def socket_path() -> Path:
     """One server per user, interpreter, package folder, version of its code and Slurm allocation."""
     key = (f"gpu|{sys.executable}|{PACKAGE}|{code_digest(PACKAGE)}|{os.getuid()}|"
            f"{os.environ.get('SLURM_JOB_ID', '')}")
-    return Path(tempfile.gettempdir()) / f"vitpipe-gpu-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock"
+    return socket_in_tmp(f"vitpipe-gpu-{hashlib.sha1(key.encode()).hexdigest()[:12]}.sock")
 
 
 def nvidia_gpu_present() -> bool:

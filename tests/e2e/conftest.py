@@ -77,3 +77,15 @@ def copy_study(study: Path, dst: Path, parts: tuple[str, ...] | None = PREPARED)
     # Metadata of outputs that are not copied is never read: Snakemake looks it up per existing file.
     shutil.copytree(study / ".snakemake" / "metadata", dst / ".snakemake" / "metadata", copy_function=shutil.copy2)
     return dst
+
+
+@pytest.fixture
+def sockets():
+    """A test's own TMPDIR for its job servers, short enough that their Unix sockets live in it
+    (a pytest folder under xdist is not: `runner/forkserver.socket_in_tmp`)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="vp", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -20,13 +20,11 @@ pytestmark = pytest.mark.e2e
 MODELS = [f"{m}/n2_s0/shard{i}" for m in ("nlft-1", "taft-1") for i in (0, 1)]
 
 
-def test_jobs_in_the_gpu_server_train_the_models_of_jobs_in_their_own_process(tmp_path):
+def test_jobs_in_the_gpu_server_train_the_models_of_jobs_in_their_own_process(tmp_path, sockets):
     cfg = tiny_config()
     cfg.update(methods={k: cfg["methods"][k] for k in ("nlft-1", "taft-1")}, shards=[2],
                fusion={"enabled": False}, forget={"study": {"enabled": False}}, last_grid={"enabled": False},
                search={"enabled": False})
-    sockets = tmp_path / "sockets"
-    sockets.mkdir()
     models = {}
     try:
         for mode in ("0", "1"):  # the second run starts from the first's prepared data, backbone and features

@@ -84,9 +84,7 @@ def run(workdir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
                           cwd=workdir)
 
 
-def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study):
-    sockets = tmp_path / "sockets"  # a fork server of this test's own
-    sockets.mkdir()
+def test_a_killed_run_recovers_with_the_documented_commands(tmp_path, tiny_study, sockets):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1", "TMPDIR": str(sockets)}
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     study = ("--configfile", "my_study.yaml")  # the page's name; no config.yaml (default study) in the folder
@@ -154,9 +152,7 @@ def result_files(workdir: Path, logs: bool = True) -> dict[str, tuple[int, int]]
 
 
 @pytest.mark.parametrize("forkserver", ["1", "0", "gpu-server"])
-def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forkserver):
-    sockets = tmp_path / "sockets"  # a fork server of this test's own
-    sockets.mkdir()
+def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forkserver, sockets):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_FORKSERVER": "1" if forkserver == "gpu-server" else forkserver,
            "PIPELINE_GPU_SERVER": "1" if forkserver == "gpu-server" else "0", "TMPDIR": str(sockets)}
     killed = copy_study(tiny_study, tmp_path / "killed")
@@ -259,15 +255,13 @@ def test_temp_files_of_killed_writers_go_even_when_no_job_starts(tmp_path, tiny_
     assert not list(results_of(killed, "tiny").rglob("*.tmp"))
 
 
-def test_stop_snakemake_ends_a_running_pretrain_now_and_leaves_no_lock(tmp_path):
+def test_stop_snakemake_ends_a_running_pretrain_now_and_leaves_no_lock(tmp_path, sockets):
     """docs/reliability.md's way to stop a study now (`runner/stop_run.py`, issue 44): SIGINT to the
     run's process group ends the running job (a pretrain of 2,000 epochs here) within seconds, where
     Snakemake alone would wait for it; nothing runs or is written afterwards, the lock is gone, and
     the next run plans the stopped job again."""
     from pipeline_src.runner.stop_run import start_snakemake, stop_snakemake
 
-    sockets = tmp_path / "sockets"  # a fork server of this test's own
-    sockets.mkdir()
     study = tmp_path / "study"
     study.mkdir()
     cfg = tiny_one_method()

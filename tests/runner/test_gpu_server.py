@@ -183,3 +183,31 @@ def test_on_cuda_the_second_job_reaches_its_first_batch_within_half_a_second(tmp
     finally:
         for pid in _pids_of(path):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_deep_tmpdir_puts_the_sockets_where_a_unix_socket_can_bind(tmp_path, monkeypatch):
+    """A TMPDIR deeper than a Unix socket's 107-byte path (xdist's pytest folders are) made the
+    server's bind fail, so every job silently ran in its own process: the sockets go to the
+    owner-only /tmp/vitpipe-<uid>/ then, and bind there."""
+    import socket
+    import stat
+    import tempfile
+
+    from pipeline_src.runner import forkserver, gpu_server
+
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    for path in (forkserver.socket_path(), gpu_server.socket_path()):
+        assert len(str(deep / path.name)) > forkserver.SUN_PATH_MAX  # where it was: too long to bind
+        with socket.socket(socket.AF_UNIX) as s, pytest.raises(OSError):
+            s.bind(str(deep / path.name))
+        assert path.parent == Path("/tmp") / f"vitpipe-{os.getuid()}"
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+        path.unlink()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert gpu_server.socket_path().parent == tmp_path  # a short TMPDIR keeps them
