@@ -30,6 +30,19 @@ def tiny_config() -> dict:
     return yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
 
 
+def tiny_dp_config() -> dict:
+    """The `.test` study cut to one DP job: taft-1 at N = 1, the fc regime, ε = 8, one epoch."""
+    cfg = tiny_config()
+    for study in ("fusion", "forget", "last_grid", "search"):
+        cfg.pop(study, None)
+    cfg["device"] = "cpu"
+    cfg["methods"] = {"taft-1": {"kind": "taft", "k": 1}}
+    cfg["shards"] = [1]
+    cfg["privacy"] = {"enabled": True, "methods": ["taft-1"], "regimes": ["fc"], "epsilons": [8], "shards": [1],
+                      "epochs": 1, "batch_size": 64, "public_train_size": 500}
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def tiny_study(tmp_path_factory) -> Path:
     """The finished `.test` study (device cpu; each GPU job held one of 2 fake device slots).

@@ -30,24 +30,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, SNAKEMAKE, planned_outputs, results_of, snakemake
-from tests.e2e.conftest import tiny_config
+from tests.e2e.conftest import tiny_dp_config
 
 pytestmark = pytest.mark.e2e
 MARK = "PRIVATE WORKSPACE: not releasable"
 DP_MODEL = "private/ours/taft-1/fc/eps8/n1_s0/shard0.safetensors"
 NON_DP_MODEL = "train/taft-1/n1_s0/shard0.safetensors"
-
-
-def _config() -> dict:
-    cfg = tiny_config()
-    for study in ("fusion", "forget", "last_grid", "search"):
-        cfg.pop(study, None)
-    cfg["device"] = "cpu"
-    cfg["methods"] = {"taft-1": {"kind": "taft", "k": 1}}
-    cfg["shards"] = [1]
-    cfg["privacy"] = {"enabled": True, "methods": ["taft-1"], "regimes": ["fc"], "epsilons": [8], "shards": [1],
-                      "epochs": 1, "batch_size": 64, "public_train_size": 500}
-    return cfg
 
 
 BEFORE_THE_PARSE = {".snakemake", ".snakemake/log"}  # Snakemake makes them 0755 (an empty log inside) before
@@ -96,7 +84,7 @@ def study(tmp_path_factory) -> dict:
     old = os.umask(0o022)  # the usual umask: only the study's own modes keep its files closed
     try:
         workdir = tmp_path_factory.mktemp("dp_workspace")
-        (workdir / "config.yaml").write_text(json.dumps(_config()))
+        (workdir / "config.yaml").write_text(json.dumps(tiny_dp_config()))
         open_paths, records = _run_watched(workdir)
         report = snakemake(workdir, "--report", "report.html")
         exports = workdir / "exports"

@@ -19,22 +19,11 @@ import yaml
 
 from pipeline_src.methods.export import load_exported
 from pipeline_src.steps.privacy.release import COLUMNS
-from tests.conftest import REPO, results_of, snakemake
+from tests.conftest import results_of, snakemake
+from tests.e2e.conftest import tiny_dp_config
 
 pytestmark = pytest.mark.e2e
 DP_ONLY = ("private", "metrics/private", "release", "logs/train_private", "logs/evaluate_private", "logs/release")
-
-
-def _config() -> dict:
-    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    for study in ("fusion", "forget", "last_grid", "search"):
-        cfg.pop(study, None)
-    cfg["device"] = "cpu"
-    cfg["methods"] = {"taft-1": {"kind": "taft", "k": 1}}
-    cfg["shards"] = [1]
-    cfg["privacy"] = {"enabled": True, "methods": ["taft-1"], "regimes": ["fc"], "epsilons": [8], "shards": [1],
-                      "epochs": 1, "batch_size": 64, "public_train_size": 500}
-    return cfg
 
 
 @pytest.fixture
@@ -55,7 +44,7 @@ def neighbours(tmp_path_factory) -> tuple[Path, Path]:
 
 def _neighbours(tmp_path_factory) -> tuple[Path, Path]:
     a = tmp_path_factory.mktemp("release_a")
-    (a / "config.yaml").write_text(yaml.safe_dump(_config()))
+    (a / "config.yaml").write_text(yaml.safe_dump(tiny_dp_config()))
     snakemake(a, "--cores", "2", "release")
     b = tmp_path_factory.mktemp("release_b")
     shutil.copytree(a / "results", b / "results", copy_function=shutil.copy2,
@@ -133,7 +122,7 @@ def test_everything_a_dp_study_writes_is_owner_only_under_umask_022(neighbours):
 def test_enabling_privacy_late_closes_what_a_non_dp_study_wrote(tmp_path, umask_022):
     """The N = 2 manifests and non-DP records of an earlier non-DP run are closed by the first
     real run that has privacy enabled, before any of its jobs; a dry run changes no mode (issue 44)."""
-    cfg = _config()
+    cfg = tiny_dp_config()
     cfg["privacy"]["enabled"] = False
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     study = results_of(tmp_path)
