@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline_src.runner.cpu_threads import set_wait_policy
-from pipeline_src.runner.job_process import EXECUTE, JobExit, reap, resolve
+from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap, resolve
 
 IDLE_SECONDS = 120
 # opacus: 0.46 CPU-s of every DP job's start before (42 jobs in the default study; docs/performance.md)
@@ -141,7 +141,7 @@ def serve(path: Path) -> None:
                     _send_peak(conn, reap(pid))
                 else:  # EOF: the client died (Snakemake killed); stop its job before a rerun starts
                     if reap(pid, block=False) is None:
-                        os.killpg(pid, signal.SIGKILL)
+                        kill_group(pid)
                         reap(pid)
                     died += 1
                 conn.close()
@@ -158,7 +158,7 @@ def serve(path: Path) -> None:
                     if not jobs:
                         break
                     continue
-                pid = os.fork()
+                pid = fork_in_own_group()  # killable at once: its client may be gone already
                 if pid == 0:
                     server.close()
                     for other in jobs.values():  # so a client sees EOF as soon as its own child dies
@@ -203,8 +203,7 @@ def _client_gone(conn: socket.socket, done: JobExit) -> int:
 def _child(conn: socket.socket, request: dict) -> None:
     code = 1
     try:
-        os.setsid()
-        _send(conn, os.getpid())
+        _send(conn, os.getpid())  # its process group's id too (`fork_in_own_group`)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

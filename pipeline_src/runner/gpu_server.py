@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline_src.runner.forkserver import PACKAGE, _ensure_server, _recv, _send, code_digest, listen_at, socket_in_tmp
-from pipeline_src.runner.job_process import EXECUTE, JobExit, reap
+from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap
 
 IDLE_SECONDS = 120
 START_WAIT_S = 120.0  # how long a job waits for the server it started before running in its own process
@@ -108,7 +108,7 @@ def _fork_worker(server: socket.socket, workers: list[Worker], request: dict) ->
     from pipeline_src.runner.gpu_worker import worker_key, worker_main
 
     ours, theirs = socket.socketpair()
-    pid = os.fork()
+    pid = fork_in_own_group()  # the server may kill it the moment it exists (a client gone at once)
     if pid == 0:
         server.close()
         ours.close()
@@ -136,10 +136,7 @@ def _tell(client: socket.socket | None, message: tuple) -> None:
 def _drop(worker: Worker, workers: list[Worker], kill: bool) -> JobExit:
     """Remove a worker: SIGKILL its process group first if `kill`; reap it."""
     if kill:
-        try:
-            os.killpg(worker.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(worker.pid)
     worker.conn.close()
     workers.remove(worker)
     return reap(worker.pid)

@@ -156,7 +156,7 @@ def worker_main(conn: socket.socket, first: dict) -> None:
 
     code = 0
     try:
-        os.setsid()  # its own group: the server kills the worker and a job's loader processes at once
+        # its own process group from the fork (`fork_in_own_group`): the server kills it and a job's loaders at once
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the server
         os.environ.clear()
         os.environ.update(first["env"])

@@ -51,6 +51,31 @@ def exit_code(status: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def fork_in_own_group() -> int:
+    """`os.fork()` with the child in a process group of its own (its pid) from the fork on.
+
+    Both sides set the group: a child that set it itself could not yet have been scheduled when
+    its parent kills the group (`os.killpg` then misses it, and the parent's `reap` waits for its
+    whole job: a killed run's last job ran on).
+    Returns:
+        0 in the child, the child's pid in the parent.
+    """
+    pid = os.fork()
+    try:
+        os.setpgid(0, 0) if pid == 0 else os.setpgid(pid, pid)
+    except (PermissionError, ProcessLookupError):  # the parent's call after the child exited
+        pass
+    return pid
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group of `pid` (a child of `fork_in_own_group`), if any is left."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def reap(pid: int, block: bool = True) -> JobExit | None:
     """Wait for the child `pid` with `os.wait4`; None if it still runs (block=False).
 

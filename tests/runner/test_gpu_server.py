@@ -211,3 +211,30 @@ def test_a_deep_tmpdir_puts_the_sockets_where_a_unix_socket_can_bind(tmp_path, m
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert gpu_server.socket_path().parent == tmp_path  # a short TMPDIR keeps them
+
+
+def test_a_client_that_dies_right_after_its_request_leaves_no_worker_running(sock, tmp_path):
+    """The race of a killed run's client that had just sent its request: the server sees its EOF
+    right after forking the worker. The worker's process group exists from the fork on, so the
+    kill reaches it; before, `killpg` missed a worker not yet in its own group, and the server then
+    waited for that worker's whole job, serving no one (a CI failure of test_interrupt)."""
+    from pipeline_src.runner.forkserver import _connect, _send
+
+    run(sock, "state", {"out": str(tmp_path / "warm.json")})  # the server is up
+    for i in range(5):
+        out, started = tmp_path / f"out{i}", tmp_path / f"started{i}"
+        client = _connect(sock)
+        _send(client, {"call": f"{PROBE}:slow_write", "step": "probe", "env": dict(os.environ), "cwd": os.getcwd(),
+                       "args": {"out": str(out), "started": str(started), "sleep": 30}, "sys_path": sys.path,
+                       "umask": 0o022})
+        client.close()
+        t0 = time.monotonic()
+        again = run(sock, "state", {"out": str(tmp_path / f"again{i}.json")})  # served at once, not after 30 s
+        assert again.code == 0 and time.monotonic() - t0 < 20, "the server waited for the dead client's job"
+        if started.exists() and started.read_text():
+            worker = int(started.read_text())
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not Path(f"/proc/{worker}").exists(), "the dead client's worker still runs"
+        assert not out.exists()
