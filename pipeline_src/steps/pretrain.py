@@ -14,6 +14,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from pipeline_src.data.backbone import EMBEDDED_MEAN_STD, embedded_vit_kwargs, external_backbone, save_backbone
+from pipeline_src.data.crop_flip import CropFlipInputs
 from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.methods.training import fit
 from pipeline_src.plan.pretrain_pool import pool_record
@@ -47,6 +48,8 @@ def main(args: StepArgs) -> None:
     train, test = store.split("source", "train"), store.split("source", "test")
     x = StoredImages(store, train.ids, mean, std, device)  # each batch read and converted when drawn
     p = cfg["backbone"]["pretrain"]
+    if p["augment"]["enabled"]:  # a black pixel's normalised value pads the crops
+        x = CropFlipInputs(x, p["augment"]["pad"], p["augment"]["flip"], [-m / s for m, s in zip(mean, std)], cfg["seed"])
     stats = fit(model, list(model.parameters()), x, train.labels.to(device), epochs=p["epochs"],
                 batch_size=p["batch_size"], lr=p["lr"], weight_decay=p["weight_decay"], seed=cfg["seed"], desc="pretrain",
                 schedule=p.get("schedule"))
@@ -61,7 +64,7 @@ def main(args: StepArgs) -> None:
     print(f"pretrained on {len(train.ids)} source samples: source val accuracy {val_acc:.4f}, "
           f"source test accuracy {acc:.4f}")
     pool_cfg = cfg["dataset"]["pretrain_pool"]
-    record = {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain",
+    record = {"vit_kwargs": kwargs, "mean": mean, "std": std, "source": "pretrain", "recipe": {**p, "seed": cfg["seed"]},
               "pretrain_data": pool_record(store.table, pool_cfg) if pool_cfg else
               {"classes": sorted({c for c, t in zip(store.table.column("class_name").to_pylist(),
                                                     store.table.column("task").to_pylist()) if t == "source"}),
