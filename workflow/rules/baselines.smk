@@ -22,5 +22,32 @@ rule baseline_pixel_logreg:
         "../scripts/step.py"
 
 
+# A small CNN from random init under the methods' protocol and learning-rate search (issue 42 §3):
+# one job per run seed (the seed varies its init and batch order), each choosing its rate on val.
+rule baseline_small_cnn:
+    input:
+        samples=f"{R}/prepare/samples.parquet",
+        images=f"{R}/prepare/images.npy",
+    output:
+        metrics=f"{R}/metrics/baselines/small_cnn/s{{seed}}.parquet",
+    log:
+        f"{R}/logs/baselines/small_cnn/s{{seed}}.log",
+    benchmark:
+        f"{R}/logs/baselines/small_cnn/s{{seed}}.bench.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    threads: RES["train_threads"]
+    resources:
+        mem_mb=mem_per_attempt(RES["train_mem_mb"]),
+        gpu=RES["gpu"],
+    params:
+        settings=step_settings("baseline_small_cnn"),
+    script:
+        "../scripts/step.py"
+
+
 BASELINE_METRICS = [f"{R}/metrics/baselines/pixel_logreg.parquet"] if config["baselines"]["pixel_logreg"] else []
+BASELINE_METRICS += (
+    [f"{R}/metrics/baselines/small_cnn/s{s}.parquet" for s in SEEDS] if config["baselines"]["small_cnn"] else []
+)
 STUDY_METRICS.extend(BASELINE_METRICS)
