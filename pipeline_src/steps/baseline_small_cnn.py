@@ -9,7 +9,8 @@ and five classes) trained from random init on the study's target images under th
 in grid order, as `select`), and only its model sees the test split. One job per run seed: the
 seed varies the init (`plan/job_settings.init_seed`, as the methods' heads) and the batch order
 (`steps/train.shard_seed`, as their full-data models). Its rows share the metrics schema (method
-`small-cnn`, kind `baseline`, as an N = 1 model), so Table 1 shows it beside `pixel-logreg`.
+`small-cnn`, kind `baseline`, as an N = 1 model), so Table 1 shows it beside `pixel-logreg`, and
+its test predictions are per-image records for the claims' paired tests.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pipeline_src.runner.runtime import resolve_device, set_up_job
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import shard_seed
 from pipeline_src.store.metrics import metric_rows, write_metrics
+from pipeline_src.store.per_image import per_image_output, per_image_rows, write_per_image
 
 METHOD = "small-cnn"
 WIDTHS = (16, 32, 64)  # channels of the three stages
@@ -81,10 +83,15 @@ def normalised(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtyp
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
-    """Top-1 accuracy of `model` in eval mode (batch norm's running statistics)."""
+def logits_of(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(N, classes) outputs of `model` in eval mode (batch norm's running statistics)."""
     model.eval()
-    return float((batched_apply(model, x, batch_size).argmax(1) == y).double().mean())
+    return batched_apply(model, x, batch_size)
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
+    """Top-1 accuracy of `model` in eval mode."""
+    return float((logits_of(model, x, batch_size).argmax(1) == y).double().mean())
 
 
 def train_and_select(data: dict[str, tuple[torch.Tensor, torch.Tensor]], lrs: list[float], train: dict, *,
@@ -138,7 +145,8 @@ def main(args: StepArgs) -> None:
     lr, model, val_acc = train_and_select({s: data[s] for s in ("train", "val")}, lrs, cfg["train"],
                                           init=init_seed(cfg["seed"], seed), order=shard_seed(seed, 0),
                                           num_classes=store.num_classes("target"), eval_batch_size=eval_batch)
-    test_acc = accuracy(model, *data["test"], eval_batch)  # the chosen rate's model only
+    test_logits = logits_of(model, data["test"][0], eval_batch)  # the chosen rate's model only
+    test_acc = float((test_logits.argmax(1) == data["test"][1]).double().mean())
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{METHOD} seed {seed} ({n_params} parameters): val accuracy per lr {val_acc}; chosen lr {lr:g}: "
           f"test accuracy {test_acc:.4f}")
@@ -151,4 +159,8 @@ def main(args: StepArgs) -> None:
                        num_samples=len(splits[split].ids), variant=variant)
         rows += metric_rows({"accuracy": acc}, context=context, device=device,
                             wall_time_s=time.perf_counter() - t0)
+    test_context = context  # the loop's last: the test split's
+    # the claims' paired tests compare a method with the reference image by image (test split only)
+    write_per_image(per_image_rows(test_logits.cpu(), splits["test"].labels, splits["test"].ids, test_context),
+                    per_image_output(args.output))
     write_metrics(rows, args.output.metrics)

@@ -81,9 +81,10 @@ def test_one_job_per_seed_writes_val_and_test_rows_in_the_metrics_schema(tmp_pat
     cfg["train"] = {**cfg.get("train", {}), "epochs": 2}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     outs = [f"results/{cfg['experiment']}/metrics/baselines/small_cnn/s{s}.parquet" for s in (0, 1)]
-    planned = planned_outputs(snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "config.yaml")))
+    planned = [o for line in planned_outputs(snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "config.yaml")))
+               for o in line.split(", ")]
     assert set(outs) <= set(planned)  # the study's default target (its report) plans one job per seed
-    assert sum("/baselines/small_cnn/" in o for o in planned) == 2
+    assert sum("/metrics/baselines/small_cnn/" in o for o in planned) == 2
     snakemake(tmp_path, *outs, "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), timeout=600)
     tables = [pq.read_table(tmp_path / out).to_pandas() for out in outs]
     for seed, rows in enumerate(tables):
@@ -94,3 +95,6 @@ def test_one_job_per_seed_writes_val_and_test_rows_in_the_metrics_schema(tmp_pat
         variant = json.loads(rows.variant.iloc[0])
         assert variant["lr_grid"] == [0.001, 0.0001] and variant["lr"] in variant["lr_grid"]
         assert 0.2 < rows.value["test"] <= 1.0
+        images = pq.read_table(tmp_path / outs[seed].replace("/metrics/", "/per_image/")).to_pandas()
+        assert set(images.split) == {"test"} and images.sample_id.is_unique and (images.seed == seed).all()
+        assert len(images) == rows.num_samples["test"] and images.correct.mean() == pytest.approx(rows.value["test"])

@@ -1,5 +1,6 @@
 # References that need no pretraining (config `baselines:`), on the study's own target images, their
-# rows in the metrics schema beside the methods' (issue 31). The from-scratch model of the backbone's
+# rows in the metrics schema beside the methods' (issue 31), and their per-image test records, so the
+# claims' paired tests can compare a method with them (issue 42). The from-scratch model of the backbone's
 # architecture is a method (`{kind: full, init: random}`), trained under the same protocol as the others.
 rule baseline_pixel_logreg:
     input:
@@ -7,6 +8,7 @@ rule baseline_pixel_logreg:
         images=f"{R}/prepare/images.npy",
     output:
         metrics=f"{R}/metrics/baselines/pixel_logreg.parquet",
+        per_image=f"{R}/per_image/baselines/pixel_logreg.parquet",
     log:
         f"{R}/logs/baselines/pixel_logreg.log",
     benchmark:
@@ -30,6 +32,7 @@ rule baseline_small_cnn:
         images=f"{R}/prepare/images.npy",
     output:
         metrics=f"{R}/metrics/baselines/small_cnn/s{{seed}}.parquet",
+        per_image=f"{R}/per_image/baselines/small_cnn/s{{seed}}.parquet",
     log:
         f"{R}/logs/baselines/small_cnn/s{{seed}}.log",
     benchmark:
