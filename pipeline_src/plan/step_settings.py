@@ -124,7 +124,7 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "train_private": _private_training,  # its target ε is its `epsilon` param
     # the claims report's settings line and method order (reports/claims.py)
     "report": ("experiment", "dataset.source", "dataset.path", "dataset.img_size", "dataset.limit_per_class",
-               "dataset.source_classes", "backbone.source", "backbone.timm_name", "backbone.checkpoint",
+               "dataset.test_limit_per_class", "dataset.source_classes", "backbone.source", "backbone.timm_name", "backbone.checkpoint",
                "backbone.arch", "train.epochs", "train.batch_size", "train.lr", "shards", "seeds", "device",
                "methods"),
 }
