@@ -69,7 +69,7 @@ backbone: {timm_name: vit_tiny_patch16_224}
 train: {batch_size: 8, eval_batch_size: 16, num_workers: 0, epochs: 1}
 """
 SMOKE_FASHION = """device: cpu
-dataset: {limit_per_class: 4, source_limit_per_class: 8}
+dataset: {limit_per_class: 4, test_limit_per_class: same, source_limit_per_class: 8}
 backbone: {pretrain: {epochs: 1}}
 train: {epochs: 2, schedule: {milestones: [1]}}
 shards: [1, 2]

@@ -127,7 +127,8 @@ def synthetic_config(root: Path, args) -> dict:
 def fashion_config(limit: int | None, args) -> dict:
     """Issue 23's study (`studies/fashion_mnist.yaml`) at `limit` per class and split, restricted (docstring)."""
     cfg = yaml.safe_load((REPO / "studies" / "fashion_mnist.yaml").read_text())
-    cfg["dataset"].update(limit_per_class=limit, source_limit_per_class=limit)
+    # every split at `limit`, the test split too (the study file tests on every image: issue 42)
+    cfg["dataset"].update(limit_per_class=limit, test_limit_per_class="same", source_limit_per_class=limit)
     cfg["methods"] = {k: cfg["methods"][k] for k in ("fc", "nlft-1", "taft-1", "last")}
     cfg["shards"] = [1, 10]
     cfg["train"].update(epochs=args.epochs, eval_batch_size=256)

@@ -73,7 +73,8 @@ def test_every_rule_whose_step_writes_per_image_records_declares_them():
         assert str(per_image_path(metrics_path)) == per_image[1], rule
         declared.add(rule)
     assert declared == {"evaluate_shards", "evaluate_soup", "unlearn_drop", "unlearn_retrain", "unlearn_paragon",
-                        "unlearn_paragon_nonlinear", "evaluate_private", "fuse"}
+                        "unlearn_paragon_nonlinear", "evaluate_private", "fuse", "baseline_pixel_logreg",
+                        "baseline_small_cnn"}
     # the report rule requests exactly their files (plan/per_image_files.py), so a deleted one is rebuilt
     folders = {re.search(r"/per_image/(\w+)/", re.search(r'^\s*per_image=f"([^"]+)"', blocks[r], re.M)[1])[1]
                for r in declared}

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 # The `metrics/<folder>/` of the rules that declare a `per_image` output beside their metrics
-# (evaluate_shards and evaluate_soup, the unlearning study's, evaluate_private, fuse).
+# (evaluate_shards and evaluate_soup, the unlearning study's, evaluate_private, fuse, the references).
 PER_IMAGE_STEPS = ("evaluate", "unlearn_drop", "unlearn_retrain", "unlearn_paragon", "unlearn_paragon_nonlinear",
-                   "private", "fuse")
+                   "private", "fuse", "baselines")
 
 
 def per_image_path(metrics_path: str | Path) -> Path:

@@ -14,7 +14,8 @@ they come from a keyed hash of each sample id (seeded, stratified in expectation
 config always gives the same table and new samples never move old ones. `dataset.limit_per_class`
 keeps at most that many samples per class and split, the ones with the smallest keyed hash: a
 subset of the same study, the same for every run (`dataset.source_limit_per_class` likewise for the
-source classes, so the backbone can keep its pretraining data while the target task shrinks).
+source classes, so the backbone can keep its pretraining data while the target task shrinks;
+`dataset.test_limit_per_class` for the target test split, so a study can test on every test image).
 With `dataset.pretrain_pool` the source task is instead a keyed-hash pool of the training split
 (`pretrain_pool.py`), of every class or a chosen set, disjoint from every target sample.
 """
@@ -97,10 +98,16 @@ def source_class_names(dataset_cfg: dict, order: list[str]) -> set[str]:
                          "dataset.source_classes")
 
 
+def _limit(limits: dict, task: str, class_name: str, split: str) -> int | None:
+    """The cap of one (task, class, split) group: the target test split has its own."""
+    return limits["target test"] if (task, split) == ("target", "test") else limits[task]
+
+
 def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> SampleList:
     """The samples the study uses, each with its split: the layout's splits as given, or drawn
     from a keyed hash of the sample id (val from train when the source gives train/test only);
-    then at most `dataset.limit_per_class` per target class and split, and
+    then at most `dataset.limit_per_class` per target class and split (`dataset.test_limit_per_class`
+    for the target test split: `same`, that limit; null, every test image), and
     `dataset.source_limit_per_class` per source class and split. Idempotent, so `prepare` and the
     parse-time table select the same samples.
 
@@ -129,6 +136,8 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
         out = replace(out.pick(keep), splits=splits, tasks=tasks)
         split = np.array(splits, dtype=object)
     limits = {"target": dataset_cfg.get("limit_per_class"), "source": dataset_cfg.get("source_limit_per_class")}
+    test_limit = dataset_cfg.get("test_limit_per_class", "same")
+    limits["target test"] = limits["target"] if test_limit == "same" else test_limit
     if not any(limits.values()):
         return out
     if out.tasks is None:
@@ -139,7 +148,7 @@ def split_and_limit(samples: SampleList, dataset_cfg: dict, seed: int) -> Sample
     u = keyed_units(out.sample_ids, f"limit/{seed}")
     names, groups = np.unique(np.array([f"{t}\0{c}\0{s}" for t, c, s in zip(tasks, out.class_names, split)]),
                               return_inverse=True)
-    cap = np.array([limits[n.split("\0")[0]] or len(split) for n in names])[groups]
+    cap = np.array([_limit(limits, *n.split("\0")) or len(split) for n in names])[groups]
     order = np.lexsort((u, groups))  # by group, then by hash
     first = np.searchsorted(groups[order], groups[order], side="left")
     keep = np.sort(order[np.arange(len(order)) - first < cap[order]])  # listing order kept
@@ -238,6 +247,10 @@ def dataset_summary(dataset_cfg: dict, samples: SampleList, table: pa.Table) -> 
     for key, task in (("limit_per_class", "target"), ("source_limit_per_class", "source")):
         if dataset_cfg.get(key):
             line += f"; at most {dataset_cfg[key]} per {task} class and split (dataset.{key})"
+    test_limit = dataset_cfg.get("test_limit_per_class", "same")
+    if test_limit != "same" and test_limit != dataset_cfg.get("limit_per_class"):
+        line += f"; target test: {'every image' if test_limit is None else f'at most {test_limit} per class'} " \
+                "(dataset.test_limit_per_class)"
     if samples.corrupt:
         line += f"; {len(samples.corrupt)} corrupt images skipped (e.g. {samples.corrupt[0][0]})"
     if samples.paths is not None and layout != "manifest":

@@ -28,6 +28,10 @@ RUN_ONLY = {
 # signature, so declaring them reruns nothing.
 DECLARED_ONLY = ("dataset.pretrain_pool.public",)  # the pool's images are public (a DP study needs it)
 
+# Keys added after results existed, left out of every job's settings and signature while at the value
+# that changes nothing (the behaviour before the key), so adding them reruns no study that does not set them.
+NEUTRAL = {"dataset.test_limit_per_class": "same"}  # the test split capped as the others (issue 42 §1)
+
 _TRAINING = ("experiment", "seed", "train", "methods.{method}", "dataset.img_size", "dataset.in_chans")
 LABELS = ("experiment", "dataset.source")  # the study's name and data source, written into every metrics row
 _EVALUATED = LABELS  # an evaluation of one model
@@ -89,6 +93,9 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "release": (),  # the DP models' records and metrics are its inputs
     "prepare": ("dataset", "seed"),
     "baseline_pixel_logreg": (*LABELS, "seed"),  # reads the target images only (their split is prepare's)
+    # the methods' protocol on the target images: train block (less RUN_ONLY and augmentation) and lr grid
+    "baseline_small_cnn": (*LABELS, "seed", "train.epochs", "train.batch_size", "train.weight_decay",
+                           "train.schedule", "search.lrs"),
     "pretrain": (*LABELS, "seed", "backbone", "dataset.img_size", "dataset.in_chans", "dataset.pretrain_pool"),
     "features": ("seed", "features.dtype", "train.precision"),
     "evaluate_shards": _evaluate_shards,
@@ -117,7 +124,7 @@ RULE_KEYS: dict[str, tuple[str, ...] | Callable[[Mapping, Mapping], tuple[str, .
     "train_private": _private_training,  # its target ε is its `epsilon` param
     # the claims report's settings line and method order (reports/claims.py)
     "report": ("experiment", "dataset.source", "dataset.path", "dataset.img_size", "dataset.limit_per_class",
-               "dataset.source_classes", "backbone.source", "backbone.timm_name", "backbone.checkpoint",
+               "dataset.test_limit_per_class", "dataset.source_classes", "backbone.source", "backbone.timm_name", "backbone.checkpoint",
                "backbone.arch", "train.epochs", "train.batch_size", "train.lr", "shards", "seeds", "device",
                "methods"),
 }
@@ -172,25 +179,25 @@ def settings_for(rule: str, config: Mapping, wildcards: Mapping[str, str] | None
 
 def without(tree: dict[str, Any], paths) -> dict[str, Any]:
     """`tree` (changed in place) without the values at dotted `paths` below its top level; also
-    `DECLARED_ONLY`, which no job reads.
+    `DECLARED_ONLY`, which no job reads, and `NEUTRAL` keys at their neutral value.
 
     Args:
         tree: a (settings or config) mapping.
         paths: dotted config keys.
     """
-    for path in (*paths, *DECLARED_ONLY):
+    for path in (*paths, *DECLARED_ONLY, *NEUTRAL):
         *parents, leaf = path.split(".")
         node: Any = tree
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-        if parents and isinstance(node, dict):
+        if parents and isinstance(node, dict) and (path not in NEUTRAL or node.get(leaf, None) == NEUTRAL[path]):
             node.pop(leaf, None)
     return tree
 
 
 def dataset_signature(config: Mapping) -> dict[str, Any]:
     """The `dataset:` section as the signatures of prepare and of the shard jobs' upstream files
-    see it: without `DECLARED_ONLY` keys.
+    see it: without `DECLARED_ONLY` keys (nor `NEUTRAL` ones at their neutral value).
 
     Args:
         config: the validated config.

@@ -401,6 +401,9 @@ def study_settings(config: dict) -> str:
     parts = [f"experiment `{config.get('experiment')}`"]
     parts.append("dataset " + ", ".join(f"{k} {ds[k]}" for k in ("source", "path", "img_size", "limit_per_class",
                                                                  "source_classes") if ds.get(k) is not None))
+    test_limit = ds.get("test_limit_per_class", "same")  # `same`: as limit_per_class, left out of the settings
+    if test_limit != "same":
+        parts[-1] += f", test_limit_per_class {'null (every test image)' if test_limit is None else test_limit}"
     arch = bb.get("arch") or {}
     parts.append("backbone " + ", ".join([str(bb.get("source"))] + [f"{k} {bb[k]}" for k in ("timm_name", "checkpoint")
                                                                     if bb.get(k)]

@@ -4,7 +4,8 @@ A multinomial logistic regression on raw pixels (scaled to [0, 1]; scikit-learn'
 `LogisticRegression`, lbfgs), its inverse regularisation C chosen on the target *val* split from a
 fixed grid, the test accuracy reported for the chosen C only. A backbone whose features lose to
 this line transfers negatively (issue 31: the far Fashion-MNIST backbone, 73 % pixels). Its rows
-share the metrics schema (method `pixel-logreg`, kind `baseline`), so Table 1 can show them.
+share the metrics schema (method `pixel-logreg`, kind `baseline`), so Table 1 can show them, and its
+test predictions are per-image records (`store/per_image.py`) for the claims' paired tests.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
+from pipeline_src.store.per_image import per_image_output, per_image_rows, write_per_image
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0)  # inverse L2 strength: a fixed, paper-style decade grid
 
@@ -58,7 +60,8 @@ def main(args: StepArgs) -> None:
         raise ValueError("baselines.pixel_logreg: the target task has no val split to choose C on "
                          "(dataset.val_fraction is 0)")
     c, model, val_acc = select_c(x, y, xv, yv)
-    test_acc = float((model.predict(xt) == yt).mean())
+    predicted = model.predict(xt)
+    test_acc = float((predicted == yt).mean())
     print(f"pixel logistic regression: val accuracy per C {val_acc}; chosen C {c}: test accuracy {test_acc:.4f}")
     rows = []
     for split, acc, n in (("val", val_acc[c], len(yv)), ("test", test_acc, len(yt))):
@@ -68,4 +71,9 @@ def main(args: StepArgs) -> None:
                        num_samples=n, variant=json.dumps({"C": c, "C_grid": list(C_GRID)}))
         rows += metric_rows({"accuracy": acc}, context=context, device=torch.device("cpu"),
                             wall_time_s=time.perf_counter() - t0)
+    test_context = context  # the loop's last: the test split's
+    # the claims' paired tests: the predicted label as a one-hot row, whose argmax per_image_rows takes
+    onehot = torch.nn.functional.one_hot(torch.from_numpy(predicted).long(), int(max(predicted.max(), yt.max())) + 1)
+    write_per_image(per_image_rows(onehot, torch.from_numpy(yt), store.ids("target", "test"), test_context),
+                    per_image_output(args.output))
     write_metrics(rows, args.output.metrics)

@@ -7,7 +7,8 @@ evaluation the claims compare writes, beside its metrics file
 context columns (`variant` included: the study settings that pair rows across methods), the
 image's `sample_id`, its label, the predicted label and whether they match. The writers are the
 evaluate steps, the unlearning study's steps (`steps/forget/`), the DP study's evaluation
-(`steps/privacy/evaluate.py`) and the fusion study's `fuse`; their rules declare the file as an
+(`steps/privacy/evaluate.py`), the fusion study's `fuse` and the no-pretraining references
+(`steps/baseline_*.py`); their rules declare the file as an
 output (`per_image`), so a deleted one is rebuilt and a forced rerun replaces it.
 
 Only test images are named, never training images: the test split shares no sample with any

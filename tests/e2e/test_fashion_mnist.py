@@ -3,7 +3,8 @@
 
 The study file is run as it is, with a second config file merged over it (Snakemake merges
 `--configfile a b` key by key) that shrinks it to about 1,000 images and a couple of minutes:
-- `dataset.limit_per_class: 60` (target: 60 per class and split, 900 images) and
+- `dataset.limit_per_class: 60` (target: 60 per class and split, 900 images; the test split too,
+  `test_limit_per_class: same`, where the study tests on every image) and
   `dataset.source_limit_per_class: 20` (source: 300 images);
 - fewer epochs (`train.epochs: 3` with the step schedule's milestones moved to [1, 2];
   `backbone.pretrain.epochs: 1`; `privacy.epochs: 1`, `privacy.paper.epochs: 2`);
@@ -31,7 +32,7 @@ from tests.plan.test_idx_files import require_fashion_mnist
 pytestmark = pytest.mark.e2e
 STUDY = REPO / "studies" / "fashion_mnist.yaml"
 SMALL = {
-    "dataset": {"limit_per_class": 60, "source_limit_per_class": 20},
+    "dataset": {"limit_per_class": 60, "test_limit_per_class": "same", "source_limit_per_class": 20},
     "shards": [1, 2],
     "train": {"epochs": 3, "schedule": {"milestones": [1, 2]}},
     "backbone": {"pretrain": {"epochs": 1}},

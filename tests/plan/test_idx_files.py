@@ -121,6 +121,29 @@ def test_limit_per_class_is_per_class_and_split_and_stable(tmp_path):
     assert other != t["sample_id"]  # the key is the seed
 
 
+@pytest.mark.parametrize("test_limit, per_class_test", [(None, 20), (8, 8), ("same", 5)])
+def test_the_test_split_has_its_own_limit(tmp_path, test_limit, per_class_test):
+    """dataset.test_limit_per_class (issue 42 §1): null keeps every target test image, an integer caps
+    the test split alone, `same` (the default) is limit_per_class; train and val stay capped, the
+    splits stay disjoint, and a larger test limit keeps the smaller one's test images (same hash)."""
+    make_idx(tmp_path, n_train=300, n_test=60)  # 20 test images per class
+    cfg = idx_cfg(tmp_path, source_classes=[2], limit_per_class=5, test_limit_per_class=test_limit)
+    t = assign_splits(list_samples(cfg), cfg, seed=0).to_pydict()
+    counts: dict = {}
+    for c, s in zip(t["class_name"], t["split"]):
+        counts[c, s] = counts.get((c, s), 0) + 1
+    for c in ("0", "1"):  # the target classes
+        assert (counts[c, "train"], counts[c, "val"], counts[c, "test"]) == (5, 5, per_class_test)
+    assert counts["2", "test"] == 20 and counts["2", "train"] > 50  # the source class: no limit
+    ids = {s: {i for i, x in zip(t["sample_id"], t["split"]) if x == s} for s in ("train", "val", "test")}
+    assert len(t["sample_id"]) == len(set(t["sample_id"])) and not (ids["train"] & ids["val"])
+    assert all(i.startswith("test/") for i in ids["test"]) and not any(i.startswith("test/") for i in ids["train"])
+    capped = assign_splits(list_samples(cfg), {**cfg, "test_limit_per_class": "same"}, seed=0).to_pydict()
+    same = {i for i, x in zip(capped["sample_id"], capped["split"]) if x != "test"}
+    assert same == ids["train"] | ids["val"]  # train and val are the same images at any test limit
+    assert {i for i, x in zip(capped["sample_id"], capped["split"]) if x == "test"} <= ids["test"]
+
+
 def test_validation_accepts_good_files_and_fills_the_default_path(tmp_path, monkeypatch):
     make_idx(tmp_path, n_train=60, n_test=20)
     cfg = validate_config({"experiment": "x", "dataset": {"source": "idx", "path": str(tmp_path), "img_size": 4,

@@ -56,6 +56,9 @@ CASES = [
     ("evaluate_shards", {"shards": "1"}, "compose_weights", "experiment", "renamed"),  # no ensemble at N = 1
     ("evaluate_shards", {"shards": "2"}, "train.eval_batch_size", "compose_weights", "size"),  # its ensemble's
     ("prepare", {}, "train.epochs", "dataset.limit_per_class", 7),
+    ("prepare", {}, "train.epochs", "dataset.test_limit_per_class", None),  # issue 42: every test image
+    ("baseline_small_cnn", {"seed": "1"}, "train.lr", "search.lrs", [0.1]),  # its own grid, not the methods' lr
+    ("baseline_small_cnn", {"seed": "1"}, "train.num_workers", "train.schedule", {"name": "cosine"}),
     ("pretrain", {}, "train.epochs", "backbone.pretrain", {"epochs": 3}),
     ("features", {}, "train.num_workers", "features.dtype", "bfloat16"),
     ("fusion_match", FUSE, "fusion.regmean_alpha", "fusion.match_ffn", False),
@@ -100,6 +103,20 @@ def test_settings_are_the_configs_keys_nested_and_sorted(cfg):
     reordered = {k: cfg[k] for k in reversed(list(cfg))}
     assert repr(settings_for("train", reordered, TRAIN)) == repr(s)  # the params trigger compares reprs
     assert settings_for("report", cfg)["device"] == cfg["device"]  # a leaf named on purpose stays
+
+
+def test_a_neutral_key_at_its_neutral_value_is_in_no_settings_nor_signature(cfg):
+    """`dataset.test_limit_per_class: same` (the default) is the behaviour before the key existed:
+    prepare's settings and the dataset signature leave it out, so adding it reran no study."""
+    from pipeline_src.plan.step_settings import dataset_signature
+
+    assert cfg["dataset"]["test_limit_per_class"] == "same"
+    assert "test_limit_per_class" not in settings_for("prepare", cfg)["dataset"]
+    assert "test_limit_per_class" not in dataset_signature(cfg)
+    assert cfg["dataset"]["test_limit_per_class"] == "same"  # the config itself keeps it
+    every = changed(cfg, "dataset.test_limit_per_class", None)
+    assert settings_for("prepare", every)["dataset"]["test_limit_per_class"] is None
+    assert dataset_signature(every)["test_limit_per_class"] is None
 
 
 def test_the_job_config_gives_load_job_the_configs_train_block(cfg):

@@ -250,3 +250,15 @@ def test_the_first_method_of_the_config_not_of_the_name_order(tmp_path, config, 
 
 def test_the_report_step_gives_the_claims_the_config():
     assert "claims" in REPORTS and WITH_CONFIG <= set(REPORTS)
+
+
+@pytest.mark.parametrize("test_limit, shown", [("same", None), (None, "test_limit_per_class null (every test image)"),
+                                               (1000, "test_limit_per_class 1000")])
+def test_the_settings_line_says_how_many_test_images(test_limit, shown):
+    """issue 42 §1: a study testing on every image says so; the default (`same`) adds nothing."""
+    from pipeline_src.reports.claims import study_settings
+
+    line = study_settings({"experiment": "x", "dataset": {"source": "idx", "limit_per_class": 300,
+                                                          "test_limit_per_class": test_limit}})
+    assert "limit_per_class 300" in line
+    assert (shown in line) if shown else "test_limit" not in line

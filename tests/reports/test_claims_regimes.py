@@ -136,11 +136,16 @@ def test_table1_lists_every_method_in_the_papers_order_with_the_seeds_spread(tmp
                     "nlft-1": [0.81, 0.81, 0.81]})
     rows += [{**row("scratch", "shard", 1, 0.75), "kind": "full"}, {**row("pixel-logreg", "shard", 1, 0.73),
                                                                    "kind": "baseline", "variant": '{"C": 0.1}'}]
+    rows += [{**row("small-cnn", "shard", 1, acc, seed=s), "kind": "baseline", "variant": f'{{"lr": {lr}}}'}
+             for s, (acc, lr) in enumerate([(0.78, 0.001), (0.80, 0.0001)])]  # one job per seed, each its own lr
     rows.append(row("taft-1", "soup", 10, 0.5))  # not a full-data model
     (tmp_path / "t").mkdir()
     with open(taft_table1(connect(write_study(tmp_path, rows)), tmp_path / "t")[1]) as f:
         table = list(csv.DictReader(f))
-    assert [r["method"] for r in table] == ["fc", "nlft-1", "taft-1", "scratch", "last", "pixel-logreg"]
+    assert [r["method"] for r in table] == ["fc", "nlft-1", "taft-1", "scratch", "last", "pixel-logreg", "small-cnn"]
     taft = table[2]
     assert float(taft["accuracy"]) == pytest.approx(0.82) and float(taft["sd"]) == pytest.approx(0.02)
-    assert taft["seeds"] == "3" and table[-1]["seeds"] == "1" and table[-1]["sd"] == ""
+    assert taft["seeds"] == "3" and table[-2]["seeds"] == "1" and table[-2]["sd"] == ""
+    cnn = table[-1]
+    assert cnn["seeds"] == "2" and float(cnn["accuracy"]) == pytest.approx(0.79)
+    assert float(cnn["sd"]) == pytest.approx(0.02 ** 0.5 * 0.1)  # sample sd of 0.78, 0.80

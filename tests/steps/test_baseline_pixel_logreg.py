@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from pipeline_src.steps.baseline_pixel_logreg import C_GRID, select_c
@@ -35,3 +36,6 @@ def test_the_rule_writes_val_and_test_rows(tmp_path):
     assert set(rows.index) == {"val", "test"} and set(rows.method) == {"pixel-logreg"}
     assert (rows.metric == "accuracy").all() and (rows.shards == 1).all()
     assert 0.6 < rows.value["test"] <= 1.0  # digits 5-9 from 8x8 pixels: far above chance (0.2)
+    images = pq.read_table(tmp_path / out.replace("/metrics/", "/per_image/")).to_pandas()  # the paired tests'
+    assert set(images.split) == {"test"} and images.sample_id.is_unique and set(images.method) == {"pixel-logreg"}
+    assert len(images) == rows.num_samples["test"] and images.correct.mean() == pytest.approx(rows.value["test"])
