@@ -54,8 +54,11 @@ STUDIES = {"vitb": "benchmarks/gpu_vitb16.yaml", "table2": "benchmarks/gpu_table
            "mps": "studies/fashion_mnist.yaml"}
 PHASES = {"vitb": ["pretrain", "features", "train", None], "table2": [None], "fashion": [None], "near": [None],
           "tiny": [None], "mps": ["pretrain", "train", "train@plain", "train@mps"]}
-MPS_OVERLAY = """backbone: {pretrain: {epochs: 2}}
+MPS_OVERLAY = """backbone: {pretrain: {epochs: 2, schedule: {warmup_epochs: 0}}}
 shards: [10]
+# the study file trains these at N = 1 only and searches at N = 1 and 10: at N = 10 here
+methods: {nlft-2: {shards: [10]}, taft-2: {shards: [10]}, full: {shards: [10]}, scratch: {shards: [10]}}
+search: {shards: [10]}
 fusion: {enabled: false}
 forget: {study: {enabled: false}}
 privacy: {enabled: false, seeds: [0]}
@@ -70,7 +73,7 @@ train: {batch_size: 8, eval_batch_size: 16, num_workers: 0, epochs: 1}
 """
 SMOKE_FASHION = """device: cpu
 dataset: {limit_per_class: 4, test_limit_per_class: same, source_limit_per_class: 8}
-backbone: {pretrain: {epochs: 1}}
+backbone: {pretrain: {epochs: 1, schedule: {warmup_epochs: 0}}}
 train: {epochs: 2, schedule: {milestones: [1]}}
 shards: [1, 2]
 seeds: [0]

@@ -136,6 +136,7 @@ def fashion_config(limit: int | None, args) -> dict:
     cfg["train"]["schedule"] = ({**cfg["train"]["schedule"], "milestones": milestones} if milestones
                                 else {"name": "constant"})  # the study's lr steps come after these epochs
     cfg["backbone"]["pretrain"]["epochs"] = 1
+    cfg["backbone"]["pretrain"]["schedule"] = {**cfg["backbone"]["pretrain"].get("schedule", {}), "warmup_epochs": 0}
     _, n_train = counts(cfg)
     return with_privacy_and_fusion(
         cfg, args.studies, n_train,

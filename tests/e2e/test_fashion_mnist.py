@@ -35,7 +35,7 @@ SMALL = {
     "dataset": {"limit_per_class": 60, "test_limit_per_class": "same", "source_limit_per_class": 20},
     "shards": [1, 2],
     "train": {"epochs": 3, "schedule": {"milestones": [1, 2]}},
-    "backbone": {"pretrain": {"epochs": 1}},
+    "backbone": {"pretrain": {"epochs": 1, "schedule": {"warmup_epochs": 0}}},  # the far study warms up 2.4 epochs
     "forget": {"study": {"shards": [2], "removed_shards": [1], "requests_per_point": 1, "forget_fractions": [0.1]}},
     "fusion": {"shards": [2]},
     "privacy": {"epochs": 1, "paper": {"epochs": 2}, "public_train_size": 300,  # 60 x 5 classes, declared
