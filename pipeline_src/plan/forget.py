@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -168,7 +169,9 @@ def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list
 
 
 @lru_cache(maxsize=64)
-def _forgotten_in(dataset_key: str, data_seed: int, path: str, shards: int, seed: int) -> dict[int, list[str]]:
+def _forgotten_in(dataset_key: str, data_seed: int, path: str, stamp: tuple[int, int, int], shards: int,
+                  seed: int) -> dict[int, list[str]]:
+    # `stamp` (size, mtime, ctime of the request file) is only a key: an edited request is read again
     samples = _samples_of(dataset_key, data_seed)
     ids = validate_request(read_request(path), samples, json.loads(dataset_key).get("pretrain_pool"))
     return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
@@ -182,7 +185,10 @@ def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[st
     path = cfg["forget"]["requests"]
     if not path:
         return []
-    return _forgotten_in(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], str(path), shards, seed).get(shard, [])
+    st = os.stat(path)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # any write changes the ctime
+    return _forgotten_in(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], str(path), stamp, shards,
+                         seed).get(shard, [])
 
 
 @lru_cache(maxsize=64)
