@@ -3,6 +3,7 @@ contract between its packages, and a parse-time `plan` that imports no torch (is
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -158,9 +159,13 @@ def test_a_cold_dry_run_imports_no_torch(tmp_path):
     """`snakemake -n` of the default study in a fresh interpreter and a fresh results folder (no
     plan cache: the privacy budgets are checked, with plan/rdp_accountant.py) loads no torch, timm,
     Opacus or scikit-learn: they cost seconds of every parse (issue 24)."""
+    # pandas too (0.25 CPU-s through pyarrow's shim, plan/arrow_tables.py), unless the Slurm executor
+    # plugin is installed: Snakemake imports it at each start, and it imports pandas itself
+    slurm = importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None
+    heavy = ('torch', 'timm', 'opacus', 'sklearn') + (() if slurm else ('pandas',))
     code = ("import sys\nfrom snakemake.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print(sorted(k for k in ('torch', 'timm', 'opacus', 'sklearn') if k in sys.modules))")
+            f"print(sorted(k for k in {heavy!r} if k in sys.modules))")
     args = ["-n", "-q", "-s", str(REPO / "Snakefile"), "--configfile", str(REPO / "config.yaml"),
             "--directory", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

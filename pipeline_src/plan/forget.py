@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -28,10 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline_src.methods.kinds import is_counterpart, nonlinear_counterpart
+from pipeline_src.plan.arrow_tables import bool_array, string_array, string_scalar
 from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.samples import study_samples
 from pipeline_src.plan.section_seeds import section_seeds
-from pipeline_src.plan.sharding import shard_manifest
+from pipeline_src.plan.sharding import shard_manifest, shard_sizes
 
 
 class ForgetRequestError(ValueError):
@@ -95,7 +97,7 @@ def validate_request(ids: Sequence[str], samples: pa.Table, pool: dict | None = 
             raise ForgetRequestError(f"forget request: duplicate sample id {shown_id(i)}")
         seen.add(i)
     # Arrow lookups: only the requested ids' task and split become Python objects, not the table's.
-    pos = pc.index_in(pa.array(list(ids), pa.string()), value_set=samples.column("sample_id").combine_chunks())
+    pos = pc.index_in(string_array(list(ids)), value_set=samples.column("sample_id").combine_chunks())
     found = pos.drop_null()
     tasks = samples.column("task").take(found).to_pylist()
     splits = samples.column("split").take(found).to_pylist()
@@ -127,7 +129,9 @@ def samples_table(cfg: dict) -> pa.Table:
 
 
 def _is_target_train(samples: pa.Table) -> pa.ChunkedArray:
-    return pc.and_(pc.equal(samples.column("task"), "target"), pc.equal(samples.column("split"), "train"))
+    # Arrow scalars, not Python strings: converting those imports pandas (arrow_tables.py)
+    return pc.and_(pc.equal(samples.column("task"), string_scalar("target")),
+                   pc.equal(samples.column("split"), string_scalar("train")))
 
 
 def train_ids(samples: pa.Table) -> list[str]:
@@ -165,7 +169,9 @@ def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list
 
 
 @lru_cache(maxsize=64)
-def _forgotten_in(dataset_key: str, data_seed: int, path: str, shards: int, seed: int) -> dict[int, list[str]]:
+def _forgotten_in(dataset_key: str, data_seed: int, path: str, stamp: tuple[int, int, int], shards: int,
+                  seed: int) -> dict[int, list[str]]:
+    # `stamp` (size, mtime, ctime of the request file) is only a key: an edited request is read again
     samples = _samples_of(dataset_key, data_seed)
     ids = validate_request(read_request(path), samples, json.loads(dataset_key).get("pretrain_pool"))
     return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
@@ -179,7 +185,10 @@ def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[st
     path = cfg["forget"]["requests"]
     if not path:
         return []
-    return _forgotten_in(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], str(path), shards, seed).get(shard, [])
+    st = os.stat(path)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # any write changes the ctime
+    return _forgotten_in(json.dumps(cfg["dataset"], sort_keys=True), cfg["seed"], str(path), stamp, shards,
+                         seed).get(shard, [])
 
 
 @lru_cache(maxsize=64)
@@ -206,7 +215,7 @@ def remove_ids(table: pa.Table, forgotten: Sequence[str]) -> pa.Table:
     """The manifest rows whose sample id is not forgotten."""
     drop = set(forgotten)
     keep = [i not in drop for i in table.column("sample_id").to_pylist()]
-    return table.filter(pa.array(keep, type=pa.bool_()))
+    return table.filter(bool_array(keep))
 
 
 def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
@@ -236,7 +245,7 @@ def check_forget_section(cfg: dict, check_ids: bool = True) -> None:
             for n in shard_counts:
                 for s in cfg["seeds"]:
                     manifest = shard_manifest(train, n, s)
-                    sizes = np.bincount(manifest.column("shard").to_numpy(), minlength=n)
+                    sizes = shard_sizes(manifest, n)
                     for shard, lost in forgotten_by_shard(manifest, ids).items():
                         if len(lost) >= sizes[shard]:
                             raise ConfigError(f"config key 'forget.requests': the request removes every sample of "

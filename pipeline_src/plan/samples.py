@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipeline_src.plan.arrow_tables import table_from_columns
 from pipeline_src.plan.dataset_layouts import LAYOUTS, SampleList, check_given_splits
 from pipeline_src.plan.idx_files import list_idx
 from pipeline_src.plan.image_check import drop_corrupt, refuse_corrupt
@@ -175,14 +176,14 @@ def assign_splits(samples: SampleList, dataset_cfg: dict, seed: int) -> pa.Table
     labels_of = {t: {c: i for i, c in enumerate(c for c in order if c in present[t])} for t in ("source", "target")}
     n = len(samples.sample_ids)
     label = [labels_of[t][c] for t, c in zip(task, samples.class_names)]
-    return pa.Table.from_pydict({
+    return table_from_columns({  # not pa.Table.from_pydict: that imports pandas (arrow_tables.py)
         "sample_id": samples.sample_ids,
         "row": np.arange(n, dtype=np.int64),
         "task": task.tolist(),
         "split": samples.splits,
         "label": label,
         "class_name": samples.class_names,
-    }, schema=SAMPLES_SCHEMA)
+    }, SAMPLES_SCHEMA)
 
 
 _STUDY_SAMPLES: dict[tuple[str, int], tuple[SampleList, pa.Table]] = {}  # (dataset config, seed) → its samples

@@ -16,6 +16,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from pipeline_src.plan.arrow_tables import table_from_columns
+
 MANIFEST_SCHEMA = pa.schema([
     ("sample_id", pa.string()),
     ("shard", pa.int64()),
@@ -73,12 +75,13 @@ def shard_manifest(train_ids: list[str], num_shards: int, seed: int) -> pa.Table
     if (sizes == 0).any():
         raise ValueError(f"shards: {num_shards} shards (seed {seed}) leave shard {int(np.argmin(sizes))} empty: "
                          f"{len(ids)} training samples are too few for this shard count")
-    return pa.Table.from_pydict({"sample_id": ids, "shard": shard}, schema=MANIFEST_SCHEMA)
+    return table_from_columns({"sample_id": ids, "shard": shard}, MANIFEST_SCHEMA)  # no pandas (arrow_tables.py)
 
 
 def shard_sizes(manifest: pa.Table, num_shards: int) -> list[int]:
     """Samples per shard, shards 0..N-1."""
-    return np.bincount(manifest.column("shard").to_numpy(), minlength=num_shards).tolist()
+    shards = np.asarray(manifest.column("shard").to_pylist(), dtype=np.int64)  # not to_numpy: it imports pandas
+    return np.bincount(shards, minlength=num_shards).tolist()
 
 
 def shard_ids(manifest: pa.Table, shard: int) -> list[str]:

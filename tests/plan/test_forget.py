@@ -120,6 +120,20 @@ def test_forgotten_ids_go_to_their_shards_only(tmp_path):
         assert set(shard_ids(kept, s)) == set(shard_ids(manifest, s)) - set(request)
 
 
+def test_an_edited_request_file_is_read_again_in_the_same_process(tmp_path):
+    """The forget manifests' params are cached per request file: a request edited between two
+    plans of one process (two dry runs through the API) must not keep the old params."""
+    from pipeline_src.plan.config import validate_config
+
+    cfg = validate_config(yaml.safe_load((REPO / ".test" / "config.yaml").read_text()))
+    manifest = shard_manifest(train_ids(samples_table(cfg)), 2, 0)
+    first, second = shard_ids(manifest, 0)[:2]
+    cfg = _validate(_tiny_cfg(tmp_path, [first]))
+    assert forgotten_in_shard(cfg, 2, 0, 0) == [first]
+    cfg = _validate(_tiny_cfg(tmp_path, [first, second]))  # rewrites the same request file
+    assert forgotten_in_shard(cfg, 2, 0, 0) == sorted([first, second])
+
+
 def test_random_requests_and_shards_are_reproducible():
     ids = [f"i{k:03d}" for k in range(200)]
     a, b = random_request(ids, 0.05, 1, 2), random_request(list(reversed(ids)), 0.05, 1, 2)
