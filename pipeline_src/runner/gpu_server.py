@@ -49,6 +49,7 @@ MODE_ENV = "PIPELINE_GPU_SERVER"
 # Steps that run a model on the job's device (`runtime.resolve_device`): the ones worth a warm context.
 # (tests/runner/test_gpu_server.py checks the list against the step modules' sources)
 DEVICE_STEPS = frozenset({"pretrain", "features", "train", "train_vectorized", "evaluate", "last_grid", "ablation",
+                          "baseline_small_cnn",
                           "fusion.train", "fusion.match", "fusion.fuse", "privacy.train", "privacy.evaluate",
                           "forget.drop", "forget.retrain", "forget.paragon"})
 
