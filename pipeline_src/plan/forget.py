@@ -20,9 +20,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +33,8 @@ from pipeline_src.plan.errors import ConfigError
 from pipeline_src.plan.samples import study_samples
 from pipeline_src.plan.section_seeds import section_seeds
 from pipeline_src.plan.sharding import shard_manifest, shard_sizes
+
+T = TypeVar("T")
 
 
 class ForgetRequestError(ValueError):
@@ -168,13 +169,34 @@ def forgotten_by_shard(manifest: pa.Table, ids: Sequence[str]) -> dict[int, list
     return out
 
 
-@lru_cache(maxsize=64)
+_FROM_SAMPLES: dict[tuple, tuple[pa.Table, object]] = {}  # key -> (the samples table it came from, value)
+
+
+def _from_samples(key: tuple, samples: pa.Table, compute: Callable[[pa.Table], T]) -> T:
+    """`compute(samples)`, kept per `key` while the study's kept samples table is the same object.
+    Validation lists the dataset again (`study_samples(fresh=True)`), so a second plan in one
+    process after the files on disk changed gets the new members; a cache on the config alone
+    kept the old ones."""
+    hit = _FROM_SAMPLES.get(key)
+    if hit is not None and hit[0] is samples:
+        return hit[1]
+    value = compute(samples)
+    _FROM_SAMPLES.pop(key, None)
+    while len(_FROM_SAMPLES) >= 256:  # a few (N, seed) per study
+        _FROM_SAMPLES.pop(next(iter(_FROM_SAMPLES)))
+    _FROM_SAMPLES[key] = (samples, value)
+    return value
+
+
 def _forgotten_in(dataset_key: str, data_seed: int, path: str, stamp: tuple[int, int, int], shards: int,
                   seed: int) -> dict[int, list[str]]:
     # `stamp` (size, mtime, ctime of the request file) is only a key: an edited request is read again
-    samples = _samples_of(dataset_key, data_seed)
-    ids = validate_request(read_request(path), samples, json.loads(dataset_key).get("pretrain_pool"))
-    return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
+    def compute(samples: pa.Table) -> dict[int, list[str]]:
+        ids = validate_request(read_request(path), samples, json.loads(dataset_key).get("pretrain_pool"))
+        return forgotten_by_shard(shard_manifest(train_ids(samples), shards, seed), ids)
+
+    key = ("forgotten", dataset_key, data_seed, path, stamp, shards, seed)
+    return _from_samples(key, _samples_of(dataset_key, data_seed), compute)
 
 
 def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[str]:
@@ -191,12 +213,14 @@ def forgotten_in_shard(cfg: dict, shards: int, seed: int, shard: int) -> list[st
                          seed).get(shard, [])
 
 
-@lru_cache(maxsize=64)
 def _shard_members(dataset_key: str, data_seed: int, shards: int, seed: int) -> tuple[tuple[str, ...], ...]:
     from pipeline_src.plan.sharding import shard_ids, shard_manifest
 
-    manifest = shard_manifest(train_ids(_samples_of(dataset_key, data_seed)), shards, seed)
-    return tuple(tuple(shard_ids(manifest, i)) for i in range(shards))
+    def compute(samples: pa.Table) -> tuple[tuple[str, ...], ...]:
+        manifest = shard_manifest(train_ids(samples), shards, seed)
+        return tuple(tuple(shard_ids(manifest, i)) for i in range(shards))
+
+    return _from_samples(("members", dataset_key, data_seed, shards, seed), _samples_of(dataset_key, data_seed), compute)
 
 
 def shard_members(cfg: dict, shards: int, seed: int, shard: int) -> list[str]:

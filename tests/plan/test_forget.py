@@ -17,6 +17,7 @@ from pipeline_src.plan.forget import (
     read_request,
     remove_ids,
     samples_table,
+    shard_members,
     train_ids,
     validate_request,
 )
@@ -132,6 +133,27 @@ def test_an_edited_request_file_is_read_again_in_the_same_process(tmp_path):
     assert forgotten_in_shard(cfg, 2, 0, 0) == [first]
     cfg = _validate(_tiny_cfg(tmp_path, [first, second]))  # rewrites the same request file
     assert forgotten_in_shard(cfg, 2, 0, 0) == sorted([first, second])
+
+
+def test_a_dataset_changed_on_disk_changes_the_shard_members_of_the_next_plan(image_folder):
+    """Two plans in one process (two dry runs through the API): validation lists the dataset again,
+    and the manifests' members follow it; a cache on the config alone kept the first plan's."""
+    import numpy as np
+    from PIL import Image
+
+    from pipeline_src.plan.config import validate_config
+
+    raw = {"experiment": "members", "dataset": {"source": "imagefolder", "path": str(image_folder), "img_size": 8},
+           "backbone": {"source": "timm", "timm_name": "vit_tiny_patch16_224"},
+           "methods": {"fc": {"kind": "fc"}}, "shards": [1]}
+    cfg = validate_config(raw)
+    before = shard_members(cfg, 1, 0, 0)
+    assert before == shard_members(validate_config(raw), 1, 0, 0)  # nothing changed: the same members
+    for i in range(8):  # a few: the keyed split puts most of them in train
+        Image.fromarray(np.full((12, 12), i, dtype=np.uint8)).save(image_folder / "circle" / f"new{i}.png")
+    cfg = validate_config(raw)  # the next plan validates first, as the Snakefile does
+    after = shard_members(cfg, 1, 0, 0)
+    assert set(before) < set(after) and all("new" in i for i in set(after) - set(before))
 
 
 def test_random_requests_and_shards_are_reproducible():
