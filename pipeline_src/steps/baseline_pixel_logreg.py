@@ -18,7 +18,7 @@ import torch
 from pipeline_src.data.sample_store import SampleStore
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.metrics import metric_rows, write_metrics
-from pipeline_src.store.per_image import per_image_output, per_image_rows, write_per_image
+from pipeline_src.store.per_image import per_image_output, prediction_rows, write_per_image
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0)  # inverse L2 strength: a fixed, paper-style decade grid
 
@@ -72,8 +72,6 @@ def main(args: StepArgs) -> None:
         rows += metric_rows({"accuracy": acc}, context=context, device=torch.device("cpu"),
                             wall_time_s=time.perf_counter() - t0)
     test_context = context  # the loop's last: the test split's
-    # the claims' paired tests: the predicted label as a one-hot row, whose argmax per_image_rows takes
-    onehot = torch.nn.functional.one_hot(torch.from_numpy(predicted).long(), int(max(predicted.max(), yt.max())) + 1)
-    write_per_image(per_image_rows(onehot, torch.from_numpy(yt), store.ids("target", "test"), test_context),
-                    per_image_output(args.output))
+    write_per_image(prediction_rows(torch.from_numpy(predicted), torch.from_numpy(yt), store.ids("target", "test"),
+                                    test_context), per_image_output(args.output))  # for the claims' paired tests
     write_metrics(rows, args.output.metrics)

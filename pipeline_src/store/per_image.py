@@ -45,12 +45,23 @@ def per_image_rows(logits: torch.Tensor, labels: torch.Tensor, sample_ids: list[
         sample_ids: the evaluated images' ids.
         context: the metrics row's context (keys of `CONTEXT`; missing ones are NULL).
     """
-    if len(sample_ids) != len(logits) or len(labels) != len(logits):
-        raise ValueError(f"per_image_rows: {len(sample_ids)} ids, {len(labels)} labels, {len(logits)} logit rows")
-    predicted = logits.argmax(-1).tolist()
+    return prediction_rows(logits.argmax(-1), labels, sample_ids, context)
+
+
+def prediction_rows(predicted: torch.Tensor, labels: torch.Tensor, sample_ids: list[str], context: dict) -> list[dict]:
+    """One row per image of one model's predicted labels (a model without logits: a scikit-learn one).
+
+    Args:
+        predicted: (images,) predicted labels.
+        labels: (images,) true labels, in `sample_ids`' order.
+        sample_ids: the evaluated images' ids.
+        context: the metrics row's context (keys of `CONTEXT`; missing ones are NULL).
+    """
+    if len(sample_ids) != len(predicted) or len(labels) != len(predicted):
+        raise ValueError(f"per-image rows: {len(sample_ids)} ids, {len(labels)} labels, {len(predicted)} predictions")
     fixed = {k: context.get(k) for k in CONTEXT}
     return [{**fixed, "sample_id": s, "label": int(y), "predicted": int(p), "correct": int(y) == int(p)}
-            for s, y, p in zip(sample_ids, labels.tolist(), predicted)]
+            for s, y, p in zip(sample_ids, labels.tolist(), predicted.tolist())]
 
 
 def per_image_output(output) -> Path:
