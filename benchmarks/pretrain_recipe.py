@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from pipeline_src.data.crop_flip import crop_flip  # backbone.pretrain.augment's, with its draws
 from pipeline_src.data.sample_store import SampleStore
 
 MEAN, STD = 0.5, 0.5  # the embedded backbone's normalisation (data/backbone.py EMBEDDED_MEAN_STD)
@@ -41,20 +42,6 @@ def images(store: SampleStore, task: str, split: str) -> tuple[torch.Tensor, tor
     """(images as normalised float32 (n, C, H, W), labels) of one task's split."""
     sub = store.split(task, split)
     return (sub.images.float() / 255.0 - MEAN) / STD, sub.labels
-
-
-def crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
-    """A random `pad`-shifted crop of each zero-padded image and a random horizontal flip."""
-    n, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad), value=-MEAN / STD)  # the pad is black
-    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    rows = (dy[:, None] + torch.arange(h))[:, None, :, None]  # (n, 1, h, 1)
-    cols = (dx[:, None] + torch.arange(w))[:, None, None, :]  # (n, 1, 1, w)
-    out = padded[torch.arange(n)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
-    flip = torch.rand(n, generator=gen) < 0.5
-    out[flip] = out[flip].flip(-1)
-    return out
 
 
 def pretrain(model: VisionTransformer, x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) -> float:
@@ -72,7 +59,7 @@ def pretrain(model: VisionTransformer, x: torch.Tensor, y: torch.Tensor, a: argp
         total = 0.0
         for start in range(0, len(x), a.batch):
             idx = order[start:start + a.batch]
-            xb = crop_flip(x[idx], a.pad, gen) if a.augment == "cropflip" else x[idx]
+            xb = crop_flip(x[idx], a.pad, True, [-MEAN / STD] * x.shape[1], gen) if a.augment == "cropflip" else x[idx]
             loss = torch.nn.functional.cross_entropy(model(xb), y[idx], label_smoothing=a.smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
