@@ -49,6 +49,9 @@ seeds; pts: percentage points; rows from `reports/claim_rows.py`):
   minus the same request; the unlearning report's `speedup_vs_paragon`). Holds when the
   speed-up is ≥ N / 2 (`bench_unlearning`'s goal: fixed costs per job do not shrink with the
   shard). n/a when every request touched several shards.
+- **Pretraining is worth it** (the table's first rows: the papers' premise, issue 42 §3): FC, and the fine-tuned method
+  best on validation, each against every no-pretraining reference (`reports/testbed_claims.py`).
+  Holds when every paired interval lies above 0.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from pipeline_src.reports import claim_pairs, claim_rows, verdicts
+from pipeline_src.reports import claim_pairs, claim_rows, testbed_claims, verdicts
 from pipeline_src.reports.claim_tests import EPS, PairedCounts, point_holds, tested_cases, tested_gap
 from pipeline_src.reports.claim_tests import pts as _pts
 from pipeline_src.reports.regimes import first, measured_regime, paper_holds, paper_rows
@@ -76,6 +79,7 @@ PAPERS = {  # the full references, listed under the Markdown table
     LAST: "Low-Rank Attention Side-Tuning for Parameter-Efficient Fine-Tuning",
     "SISA: Bourtoule et al., 2021": "Machine Unlearning (IEEE S&P 2021)",
 }
+PREMISE = "TAFT, LAST, rotation symmetry"
 PAPER_SHARDS = (10, 25, 50)  # the N of TAFT Table 2
 WITHIN_PTS = 1.0  # Table 1: TAFT-1 within this many points of NLFT-1
 LAST_MEMORY = 0.25  # LAST: at most this fraction of full fine-tuning's memory
@@ -373,7 +377,8 @@ def study_claims(con: duckdb.DuckDBPyConnection, methods: dict[str, dict] | None
     def paired(t: str, f: str, model: str, n: int) -> list[tuple[int, int, int]]:
         return claim_rows.paired_counts(con, t, f, model, n)
 
-    keyed = [("table1", table1_claim(acc, methods, paired)), ("table2", composition_claims(acc, methods, paired)),
+    keyed = [("testbed", [Claim(paper=PREMISE, **row) for row in testbed_claims.premise_rows(con, methods)]),
+             ("table1", table1_claim(acc, methods, paired)), ("table2", composition_claims(acc, methods, paired)),
              ("figure1", subtract_claims(claim_rows.drop_rows(con), methods,
                                          lambda *key: claim_pairs.drop_pairs(con, *key))),
              ("table3", dp_claims(claim_rows.privacy_rows(con), methods, lambda *key: claim_pairs.dp_pairs(con, *key))),

@@ -88,6 +88,7 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     fusion = "Matching before merging raises the soup's accuracy"
     cost = "Unlearning cost: retrain-shard ≈ N× cheaper than the paragon"
     assert list(claims) == [
+        "Pretraining is worth it: fine-tuned models above every no-pretraining reference",
         "TAFT-1 within 1 pt of NLFT-1", "TAFT composition (Δw sum) ≥ non-linear soup, N = 2",
         "TAFT subtract ≥ SISA drop, N = 3", "DP TAFT ≥ DP NLFT", f"{fusion}: last, N = 2, random_reinit",
         f"{fusion}: nlft-1, N = 2, random_reinit", "LAST ≥ FC at ≤ 25 % of full fine-tuning's memory",
@@ -119,6 +120,7 @@ def test_report_has_the_claims_table_beside_the_study_reports(study):
     # What the tiny study does not run: privacy, a full method; and every forget request of
     # the study touched more than one of its 3 shards (checked in the metrics).
     assert verdict["DP TAFT ≥ DP NLFT"] == verdict["LAST ≥ FC at ≤ 25 % of full fine-tuning's memory"] == "n/a"
+    assert verdict["Pretraining is worth it: fine-tuned models above every no-pretraining reference"] == "n/a"
     fewest = duckdb.sql(f"""SELECT min(value) FROM read_parquet('{results_of(study)}/metrics/unlearn_retrain/**/*.parquet')
                             WHERE metric = 'affected_shards'""").fetchall()[0][0]
     assert fewest > 1 and verdict[f"{cost}: taft-1, N = 3"] == verdict[f"{cost}: nlft-1, N = 3"] == "n/a"
