@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,26 @@ def _with_defaults(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
+def allowed_values(schema: dict) -> str:
+    """What a key of several types accepts, in words ('an integer ≥ 1, null, or 'same''); '' for
+    a key of one type, whose schema message already says it."""
+    types = schema.get("type")
+    if not isinstance(types, list) or len(types) < 2:
+        return ""
+    words = []
+    for t in types:
+        if t == "integer":
+            words.append("an integer" + (f" ≥ {schema['minimum']}" if "minimum" in schema else ""))
+        elif t == "string" and re.fullmatch(r"\^\w+\$", schema.get("pattern", "")):
+            words.append(f"'{schema['pattern'][1:-1]}'")
+        elif t == "string" and "pattern" in schema:
+            words.append(f"a string matching {schema['pattern']}")
+        else:
+            words.append({"null": "null", "string": "a string", "number": "a number", "boolean": "true or false",
+                          "array": "a list", "object": "a mapping"}.get(t, t))
+    return ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
 @functools.lru_cache(maxsize=1)
 def _cached_schema() -> dict:
     """The schema as parsed once per process: read it, never change it (`load_schema` copies)."""
@@ -95,7 +116,9 @@ def validate_config(config: dict[str, Any], count_samples: bool = True,
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
-        raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}")
+        allowed = allowed_values(err.schema) if isinstance(err.schema, dict) else ""
+        raise ConfigError(f"config key '{_key_path(err.absolute_path)}': {err.message}"
+                          + (f" (allowed: {allowed})" if allowed else ""))
     auto_cache = cfg["features"]["cache"] == "auto"
     if auto_cache:  # on a GPU provisional: kept only where shards train vectorized (`resolve_auto_cache`)
         cfg["features"]["cache"] = cfg["device"] != "cuda" or not cfg["train"]["augment"]["enabled"]

@@ -36,6 +36,17 @@ def test_bad_config_names_the_key(mutate, key):
         validate_config(cfg)
 
 
+@pytest.mark.parametrize("value", ["all", 0, 2.5])
+def test_a_key_of_several_types_names_every_allowed_value(value):
+    """The schema's own message for `test_limit_per_class` ('all' does not match '^same$') named
+    neither null nor integers."""
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["dataset"]["test_limit_per_class"] = value
+    with pytest.raises(ConfigError, match=r"config key 'dataset.test_limit_per_class': .* \(allowed: an integer ≥ 1, "
+                                          r"null or 'same'\)$"):
+        validate_config(cfg, count_samples=False)
+
+
 @pytest.mark.parametrize("device, cache, shards, resolved", [
     ("auto", "auto", None, True), ("cpu", "auto", None, True), ("cpu", "auto", [1], True),
     ("cuda", "auto", None, True),  # the default study's shards train vectorized, from the cache (issue 41)
