@@ -62,13 +62,15 @@ def dp_settings(cfg: dict, protocol: str) -> dict:
 
     ours: Poisson DP-SGD with `privacy.{epochs,batch_size,lr}`. paper (TAFT paper, App. A):
     full-batch DP-GD (q = 1, one noisy step per epoch) for `privacy.paper.epochs` at
-    `privacy.paper.lr` (or `privacy.lr`), no decay; `batch_size` is the micro-batch size.
+    `privacy.paper.lr` (or `privacy.lr`), no decay, in micro-batches of `micro_batch_size`
+    (`privacy.paper.micro_batch_size`, else `privacy.batch_size`: memory only).
     """
     p = cfg["privacy"]
     out = {k: p[k] for k in DP_SETTINGS}
     if protocol == "paper":
         paper = p["paper"]
-        out.update(epochs=paper["epochs"], lr=p["lr"] if paper["lr"] is None else paper["lr"], full_batch=True)
+        out.update(epochs=paper["epochs"], lr=p["lr"] if paper["lr"] is None else paper["lr"], full_batch=True,
+                   micro_batch_size=paper.get("micro_batch_size") or p["batch_size"])
     elif protocol != "ours":
         raise ValueError(f"unknown DP protocol {protocol!r}; choose one of {PROTOCOLS}")
     return {**out, "protocol": protocol}

@@ -30,7 +30,8 @@ DECLARED_ONLY = ("dataset.pretrain_pool.public",)  # the pool's images are publi
 
 # Keys added after results existed, left out of every job's settings and signature while at the value
 # that changes nothing (the behaviour before the key), so adding them reruns no study that does not set them.
-NEUTRAL = {"dataset.test_limit_per_class": "same"}  # the test split capped as the others (issue 42 §1)
+NEUTRAL = {"dataset.test_limit_per_class": "same",  # the test split capped as the others (issue 42 §1)
+           "privacy.paper.micro_batch_size": None}  # full-batch DP-GD's micro-batches of privacy.batch_size
 
 _TRAINING = ("experiment", "seed", "train", "methods.{method}", "dataset.img_size", "dataset.in_chans")
 LABELS = ("experiment", "dataset.source")  # the study's name and data source, written into every metrics row
@@ -72,7 +73,7 @@ def _private_training(cfg: Mapping, w: Mapping) -> tuple[str, ...]:
 
     protocol = w.get("protocol", cfg["privacy"]["protocol"])
     jvp = ("privacy.jvp_only",) if jvp_only_applies(cfg["methods"][w["method"]], protocol) else ()
-    paper = ("privacy.paper.epochs", "privacy.paper.lr") if protocol == "paper" else ()
+    paper = ("privacy.paper.epochs", "privacy.paper.lr", "privacy.paper.micro_batch_size") if protocol == "paper" else ()
     return ("experiment", "seed", "methods.{method}", "privacy.public_train_size",
             *(f"privacy.{k}" for k in DP_SETTINGS), *paper, *jvp)
 

@@ -131,6 +131,9 @@ def test_paper_protocol_jobs_settings_and_method_config():
     assert jobs[6:] == [("paper", "taft-1", "fc"), ("paper", "taft-1", "full")]
     ours, paper = dp_settings(cfg, "ours"), dp_settings(cfg, "paper")
     assert paper["epochs"] == 50 and paper["lr"] == ours["lr"] and paper["full_batch"] and "full_batch" not in ours
+    assert paper["micro_batch_size"] == 400 and "micro_batch_size" not in ours  # null: privacy.batch_size
+    cfg["privacy"]["paper"]["micro_batch_size"] = 128
+    assert dp_settings(cfg, "paper")["micro_batch_size"] == 128 and dp_settings(cfg, "ours")["batch_size"] == 400
     taft = {"kind": "taft", "k": 1, "loss": "rsl", "kappa": 10.0}
     assert dp_method_config(taft, "paper", None) == {"kind": "taft", "k": 1, "loss": "ce", "jvp_only": True}
     assert dp_method_config(taft, "ours", None) == taft and dp_method_config(taft, "ours", True)["jvp_only"] is True

@@ -82,7 +82,7 @@ CASES = [
     ("train_private", PRIVATE, "privacy.paper", "privacy.jvp_only", True),  # ours: jvp_only applies to taft
     ("train_private", {**PRIVATE, "method": "fc"}, "privacy.jvp_only", "privacy.train_head", False),
     ("train_private", {**PRIVATE, "protocol": "paper"}, "privacy.jvp_only", "privacy.paper",
-     {"epochs": 7, "lr": None, "methods": [], "regimes": []}),
+     {"epochs": 7, "lr": None, "micro_batch_size": None, "methods": [], "regimes": []}),
     ("train_private", PRIVATE, "privacy.epsilons", "privacy.public_train_size", 500),  # ε: the epsilon param
 ]
 
@@ -179,6 +179,9 @@ def test_a_dp_jobs_settings_hold_public_privacy_settings_only(cfg):
     paper = settings_for("train_private", cfg, {**PRIVATE, "protocol": "paper"})
     assert set(paper["privacy"]) == {*DP_SETTINGS, "public_train_size", "paper"}  # jvp_only: always, in paper
     assert paper["privacy"]["paper"] == {"epochs": cfg["privacy"]["paper"]["epochs"], "lr": cfg["privacy"]["paper"]["lr"]}
+    # privacy.paper.micro_batch_size: neutral at null (micro-batches of privacy.batch_size, as before the key)
+    micro = settings_for("train_private", changed(cfg, "privacy.paper.micro_batch_size", 256), {**PRIVATE, "protocol": "paper"})
+    assert micro["privacy"]["paper"]["micro_batch_size"] == 256
     assert "jvp_only" not in settings_for("train_private", cfg, {**PRIVATE, "method": "fc"})["privacy"]
 
 

@@ -67,7 +67,7 @@ def main(args: StepArgs) -> None:
     try:
         if full_batch:
             _, privacy = train_private_full_batch(FromPrefix(model), features, labels,
-                                                  micro_batch_size=settings["batch_size"], **common)
+                                                  micro_batch_size=settings["micro_batch_size"], **common)
         else:
             _, privacy = train_private(FromPrefix(model), features, labels, batch_size=settings["batch_size"],
                                        rdp_search=rdp_accountant.noise_multiplier, **common)  # Opacus' σ, faster
