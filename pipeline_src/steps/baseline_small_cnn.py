@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import torch
 from torch import nn
 
-from pipeline_src.data.sample_store import SampleStore
+from pipeline_src.data.sample_store import SampleStore, StoredImages
 from pipeline_src.methods.training import batched_apply, fit
 from pipeline_src.plan.job_settings import init_seed
 from pipeline_src.runner.runtime import resolve_device, set_up_job
@@ -76,10 +77,19 @@ def build_cnn(seed: int, in_chans: int, num_classes: int, img_size: int, dtype: 
     return model.to(device=device, dtype=dtype)
 
 
-def normalised(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """uint8 (N, C, H, W) images scaled to [0, 1], then standardised per channel."""
-    x = images.to(dtype) / 255.0
-    return (x - mean.to(dtype).view(1, -1, 1, 1)) / std.to(dtype).view(1, -1, 1, 1)
+def channel_stats(store: SampleStore, rows: np.ndarray, chunk: int = 1024) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std (unbiased) of the [0, 1]-scaled images of these rows, read `chunk`
+    images at a time (float64 sums: the job holds one chunk, whatever the split's size)."""
+    total = total_sq = None
+    for start in range(0, len(rows), chunk):
+        x = store.image_rows(rows[start:start + chunk]).to(torch.float64) / 255.0
+        s, sq = x.sum(dim=(0, 2, 3)), x.square().sum(dim=(0, 2, 3))
+        total, total_sq = (s, sq) if total is None else (total + s, total_sq + sq)
+    shape = store.image_rows(rows[:1]).shape
+    n = len(rows) * shape[2] * shape[3]  # values per channel
+    mean = total / n
+    std = ((total_sq - n * mean.square()) / max(n - 1, 1)).clamp_min(0).sqrt().clamp_min(1e-6)
+    return mean.tolist(), std.tolist()
 
 
 @torch.no_grad()
@@ -100,7 +110,8 @@ def train_and_select(data: dict[str, tuple[torch.Tensor, torch.Tensor]], lrs: li
     """Train one CNN per learning rate from the same init and keep the one of the best val accuracy.
 
     Args:
-        data: split -> (normalised images (N, C, H, W), labels); "train" and "val" are read, never "test".
+        data: split -> (normalised images (N, C, H, W): a tensor or a `StoredImages` view, labels);
+            "train" and "val" are read, never "test".
         lrs: the learning-rate grid, in its order (ties go to the first).
         train: the study's `train:` settings (epochs, batch_size, weight_decay, schedule).
         init: the init seed; order: the batch-order seed (the same for every rate).
@@ -136,10 +147,9 @@ def main(args: StepArgs) -> None:
     if not splits["val"].ids:
         raise ValueError("baselines.small_cnn: the target task has no val split to choose the learning rate on "
                          "(dataset.val_fraction is 0)")
-    raw = splits["train"].images.to(torch.float64) / 255.0
-    mean, std = raw.mean(dim=(0, 2, 3)), raw.std(dim=(0, 2, 3)).clamp_min(1e-6)  # the training images' own
-    data = {s: (normalised(sub.images, mean, std, torch.float32).to(device), sub.labels.to(device))
-            for s, sub in splits.items()}
+    mean, std = channel_stats(store, splits["train"].rows)  # the training images' own
+    # views that read and normalise a batch's images when it is drawn: the job holds a few batches
+    data = {s: (StoredImages(store, sub.ids, mean, std, device), sub.labels.to(device)) for s, sub in splits.items()}
     eval_batch = int(args.runtime.get("eval_batch_size") or 256)
     lrs = list(cfg["search"]["lrs"])
     lr, model, val_acc = train_and_select({s: data[s] for s in ("train", "val")}, lrs, cfg["train"],

@@ -98,3 +98,43 @@ def test_one_job_per_seed_writes_val_and_test_rows_in_the_metrics_schema(tmp_pat
         images = pq.read_table(tmp_path / outs[seed].replace("/metrics/", "/per_image/")).to_pandas()
         assert set(images.split) == {"test"} and images.sample_id.is_unique and (images.seed == seed).all()
         assert len(images) == rows.num_samples["test"] and images.correct.mean() == pytest.approx(rows.value["test"])
+
+
+def test_channel_stats_read_in_chunks_equal_the_whole_splits(image_folder, tmp_path):
+    from pipeline_src.data.sample_store import SampleStore
+    from pipeline_src.steps.baseline_small_cnn import channel_stats
+    from tests.steps.helpers import folder_config, run_prepare
+
+    store = SampleStore(run_prepare(folder_config(image_folder), tmp_path))
+    sub = store.split("target", "train")
+    raw = sub.images.to(torch.float64) / 255.0
+    mean, std = channel_stats(store, sub.rows, chunk=4)  # several chunks and a ragged last one
+    assert len(sub.ids) > 4 and len(sub.ids) % 4
+    torch.testing.assert_close(torch.tensor(mean, dtype=torch.float64), raw.mean(dim=(0, 2, 3)), rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.tensor(std, dtype=torch.float64), raw.std(dim=(0, 2, 3)), rtol=0, atol=1e-12)
+
+
+def test_training_and_testing_read_a_batch_of_images_at_a_time(image_folder, tmp_path, monkeypatch):
+    """The step's views (`StoredImages`) hold no split: every read is at most one batch, and the
+    model trained from them is the one trained from the whole normalised tensors."""
+    from pipeline_src.data.images import to_model_input
+    from pipeline_src.data.sample_store import SampleStore, StoredImages
+    from pipeline_src.steps.baseline_small_cnn import channel_stats, logits_of
+    from tests.steps.helpers import folder_config, run_prepare
+
+    store = SampleStore(run_prepare(folder_config(image_folder), tmp_path))
+    splits = {s: store.split("target", s) for s in ("train", "val", "test")}
+    mean, std = channel_stats(store, splits["train"].rows)
+    reads: list[int] = []
+    image_rows = SampleStore.image_rows
+    monkeypatch.setattr(SampleStore, "image_rows", lambda self, rows: reads.append(len(rows)) or image_rows(self, rows))
+    views = {s: (StoredImages(store, sub.ids, mean, std, "cpu"), sub.labels) for s, sub in splits.items()}
+    train = {**TRAIN, "batch_size": 4}
+    lr, model, val_acc = train_and_select(views, [1e-2, 1e-3], train, init=1, order=2, num_classes=3,
+                                          eval_batch_size=2)
+    streamed = logits_of(model, views["test"][0], 2)
+    assert reads and max(reads) <= 4 < len(splits["train"].ids)
+    whole = {s: (to_model_input(sub.images, mean, std), sub.labels) for s, sub in splits.items()}
+    lr2, model2, val2 = train_and_select(whole, [1e-2, 1e-3], train, init=1, order=2, num_classes=3, eval_batch_size=2)
+    assert (lr, val_acc) == (lr2, val2)
+    torch.testing.assert_close(streamed, logits_of(model2, whole["test"][0], 2), rtol=1e-5, atol=1e-6)
