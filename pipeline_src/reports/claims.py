@@ -355,6 +355,8 @@ def row_verdict(key: str, claim: Claim, paper: bool | None) -> str:
     where a paired test decided it; `no paired test` where none ran."""
     if claim.holds == "n/a":
         return verdicts.NA
+    if key == "testbed":
+        return verdicts.PREMISE
     if by_construction(key, claim):
         return verdicts.BY_CONSTRUCTION
     if not claim.test:
@@ -438,7 +440,8 @@ def claims_report(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict | 
     text += [f"Regime (measured distance, `reports/regimes.py`): {measured_regime(claim_rows.accuracy_rows(con), methods).label()}.", ""]
     text += ["Verdicts against the paper's rows at this distance (paired tests only; rows true by construction "
              "left out): " + ", ".join(f"{v} {told.get(v, 0)}" for v in verdicts.TALLIED)
-             + f". Not in the tally: by construction {told.get(verdicts.BY_CONSTRUCTION, 0)}, no paired test "
+             + f". Not in the tally: testbed premise {told.get(verdicts.PREMISE, 0)}, by construction "
+             f"{told.get(verdicts.BY_CONSTRUCTION, 0)}, no paired test "
              f"{told.get(verdicts.NOT_TESTED, 0)}, n/a {told.get(verdicts.NA, 0)}.", "",
              f"Holds: yes {counts.get('yes', 0)}, no {counts.get('no', 0)}, undecided {counts.get('undecided', 0)}, "
              f"n/a {counts.get('n/a', 0)} (n/a: the study did not run the jobs the claim needs). Accuracies on the "

@@ -7,13 +7,15 @@ the study's distance says (`reports/regimes.py`: e.g. TAFT-1 is 7.7 pts below NL
 Aircraft, so a far study whose TAFT-1 falls more than 1 pt short `agrees` with the paper):
 `agrees`, `disagrees`, or `undecided`. Rows that hold whatever the models learn (a retrain-cost
 ratio, matching at one shared init with one seed) are `by construction` and kept out of the
-tallies; rows the study cannot test are `n/a`.
+tallies; rows the study cannot test are `n/a`. The premise rows (is the backbone worth
+fine-tuning at all?) test the testbed, not a paper: `testbed premise`, also kept out.
 """
 from __future__ import annotations
 
 AGREES, DISAGREES, UNDECIDED = "agrees", "disagrees", "undecided"
 BY_CONSTRUCTION, NOT_TESTED, NA = "by construction", "no paired test", "n/a"
-VERDICTS = (AGREES, DISAGREES, UNDECIDED, BY_CONSTRUCTION, NOT_TESTED, NA)
+PREMISE = "testbed premise"  # a check of the study's own testbed, no paper's claim (`reports/testbed_claims.py`)
+VERDICTS = (AGREES, DISAGREES, UNDECIDED, BY_CONSTRUCTION, NOT_TESTED, NA, PREMISE)
 TALLIED = (AGREES, DISAGREES, UNDECIDED)
 
 

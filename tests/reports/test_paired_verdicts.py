@@ -206,4 +206,4 @@ def test_retrain_cost_rows_are_by_construction_and_left_out_of_the_tally(tmp_pat
     claims = claims_of(results, tmp_path / "r")
     cost = claims["Unlearning cost: retrain-shard ≈ N× cheaper than the paragon: taft-1, N = 10"]
     assert (cost["holds"], cost[VERDICT]) == ("yes", "by construction")
-    assert "agrees 0, disagrees 0, undecided 0. Not in the tally: by construction 1" in (tmp_path / "r" / "claims.md").read_text()
+    assert "agrees 0, disagrees 0, undecided 0. Not in the tally: testbed premise 0, by construction 1" in (tmp_path / "r" / "claims.md").read_text()

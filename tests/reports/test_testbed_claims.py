@@ -80,7 +80,10 @@ def test_fc_is_paired_with_each_reference_and_the_closest_one_is_the_test(tmp_pa
                        seeds={"pixel-logreg": (0,)}, val={"fc": 0.85, "nlft-1": 0.9})
     claims = claims_of(results, tmp_path / "r", CONFIG)
     fc = claims[FC_ROW]
-    assert fc["holds"] == "yes" and fc["verdict vs the paper's row"] == "agrees"
+    # a check of the testbed, no paper's claim: out of the agrees / disagrees tally
+    assert fc["holds"] == "yes" and fc["verdict vs the paper's row"] == "testbed premise"
+    md = (tmp_path / "r" / "claims.md").read_text()
+    assert "agrees 0, disagrees 0, undecided 0. Not in the tally: testbed premise 1," in md  # the best row: n/a
     closest = gap(v, "fc", "small-cnn")
     assert abs(closest - 0.06) < 0.02
     assert fc["this study's figure"].startswith(f"fc − small-cnn (the closest reference) {100 * closest:+.1f} pts [")
