@@ -15,6 +15,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from pipeline_src.reports.claim_rows import views
+
 # Subtract (T) against SISA drop (F) per seed, removed-shard count r ≥ 1 and request: the same
 # random shard set is removed from both (`steps/forget/drop.py`); averaged over requests per r.
 DROP_PAIRS_SQL = """
@@ -74,12 +76,8 @@ ORDER BY ALL
 COLUMNS = ["seed", "case", "sample_id", "d"]
 
 
-def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
-
-
 def _pairs(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> pd.DataFrame:
-    if "per_image" not in _views(con):
+    if "per_image" not in views(con):
         return pd.DataFrame(columns=COLUMNS)
     return con.execute(sql, params).df()
 
@@ -93,7 +91,7 @@ def drop_pairs(con: duckdb.DuckDBPyConnection, t: str, f: str, shards: int) -> p
 def dp_pairs(con: duckdb.DuckDBPyConnection, t: str, f: str, protocol: str, epsilon: float) -> pd.DataFrame:
     """seed, case (regime), sample_id, d: T's DP model against F's at N = 1, one protocol and ε, in
     every regime both have (the selected PT point where the DP search ran); empty without records."""
-    selected = DP_SELECTED_SQL if "private_selection" in _views(con) else "SELECT * FROM dp"
+    selected = DP_SELECTED_SQL if "private_selection" in views(con) else "SELECT * FROM dp"
     sql = DP_PAIRS_SQL.format(images=DP_IMAGES_SQL, selected=selected)
     return _pairs(con, sql, {"t": t, "f": f, "protocol": protocol, "epsilon": float(epsilon)})
 

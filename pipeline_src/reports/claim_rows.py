@@ -85,12 +85,13 @@ GROUP BY method
 """
 
 
-def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
+def views(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The names of the connection's views (a view whose files do not exist yet is absent)."""
     return {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
 
 
 def _query(con: duckdb.DuckDBPyConnection, view: str, sql: str) -> pd.DataFrame:
-    return con.sql(sql).df() if view in _views(con) else pd.DataFrame()
+    return con.sql(sql).df() if view in views(con) else pd.DataFrame()
 
 
 def accuracy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
@@ -102,7 +103,7 @@ def paired_counts(con: duckdb.DuckDBPyConnection, t: str, f: str, model: str,
                   shards: int) -> list[tuple[int, int, int]]:
     """Per seed both methods have, (images, T-only right, F-only right) of their `model` at N =
     `shards` over the test images they share; empty without per-image records."""
-    if "per_image_selected" not in _views(con):
+    if "per_image_selected" not in views(con):
         return []
     rows = con.execute(PAIRED_COUNTS_SQL, {"t": t, "f": f, "model": model, "shards": shards}).fetchall()
     return [(int(n), int(a), int(b)) for _, n, a, b in rows]
@@ -111,7 +112,7 @@ def paired_counts(con: duckdb.DuckDBPyConnection, t: str, f: str, model: str,
 def selected_points(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], str]:
     """(searched method, N) -> its selected point in words ('taft-1_lr1e-4_ptF_clsT: LR 1e-4, PT F,
     CLS T, val 85.1 %'); empty without a search (`selection` view, `steps/select.py`)."""
-    if "selection" not in _views(con):
+    if "selection" not in views(con):
         return {}
     rows = con.sql("SELECT method, shards, candidate, lr, pt, cls, val_accuracy FROM selection WHERE selected").fetchall()
     out = {}
@@ -119,7 +120,7 @@ def selected_points(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, int], str
         axes = [f"LR {lr:g}"] + ([f"PT {'T' if pt else 'F'}"] if pt is not None else []) + (
             [f"CLS {'T' if cls else 'F'}"] if cls is not None else [])
         out[method, int(n)] = f"{candidate}: {', '.join(axes)}, val {100 * val:.1f} %"
-    if "models" in _views(con):  # an N the search did not run at trains at a searched N's choice
+    if "models" in views(con):  # an N the search did not run at trains at a searched N's choice
         trained = con.sql("""SELECT DISTINCT method, shards,
                 CAST(json_extract(to_json(method_config), '$.selected.chosen_at_shards') AS BIGINT) AS chosen
             FROM models WHERE kind = 'trained'
@@ -150,7 +151,7 @@ def privacy_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def private_selected(con: duckdb.DuckDBPyConnection, rows: pd.DataFrame) -> pd.DataFrame:
     """DP rows as the DP search selected them: per protocol, searched method, regime and ε, the
     selected PT point's rows under the method's name; the other point's rows left out."""
-    if rows.empty or "private_selection" not in _views(con):
+    if rows.empty or "private_selection" not in views(con):
         return rows
     sel = con.sql("SELECT method AS base, candidate, protocol, regime, epsilon, selected FROM private_selection "
                   "WHERE shards = 1").df()
@@ -170,7 +171,7 @@ def memory_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """method, peak_mem_mb and train_mem_mb (means over seeds; train_mem_mb NULL where the records
     lack it), device(s) of the N = 1 training jobs whose records carry `peak_mem_mb` (records
     written before it was recorded do not)."""
-    if "models" not in _views(con):
+    if "models" not in views(con):
         return pd.DataFrame()
     columns = {r[0] for r in con.sql("DESCRIBE models").fetchall()}
     if not {"peak_mem_mb", "shards", "device"} <= columns:
@@ -181,7 +182,7 @@ def memory_rows(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def recorded_methods(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
     """Each trained method's settings (`method_config` of its records), by name: what the claims
     use when no config is given."""
-    if "models" not in _views(con):
+    if "models" not in views(con):
         return {}
     rows = con.sql("SELECT method, to_json(any_value(method_config)) FROM models WHERE kind = 'trained' "
                    "GROUP BY method ORDER BY method").fetchall()

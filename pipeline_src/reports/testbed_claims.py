@@ -24,8 +24,10 @@ from __future__ import annotations
 import duckdb
 
 from pipeline_src.reports import verdicts
+from pipeline_src.reports.claim_rows import views
 from pipeline_src.reports.claim_tests import column_text, interval
 from pipeline_src.reports.paired_bootstrap import PairedGap, paired_bootstrap
+from pipeline_src.reports.regimes import first
 
 CLAIM = "Pretraining is worth it: {who} above every no-pretraining reference"
 FC_ROW, BEST_ROW = CLAIM.format(who="FC"), CLAIM.format(who="the val-best fine-tuned method")
@@ -58,14 +60,10 @@ WHERE kind = 'baseline' AND model = 'shard' AND shards = 1 AND split = 'test' OR
 SELECTED_VAL_SQL = "SELECT method, val_accuracy FROM selection WHERE selected AND shards = 1"
 
 
-def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
-
-
 def references(con: duckdb.DuckDBPyConnection, methods: dict[str, dict]) -> list[str]:
     """The no-pretraining references with per-image test records: the baselines, then the
     methods with `init: random` (config order)."""
-    if "per_image_selected" not in _views(con):
+    if "per_image_selected" not in views(con):
         return []
     scratch = [m for m, cfg in methods.items() if cfg.get("init") == "random"]
     return [r[0] for r in con.sql(BASELINES_SQL).fetchall()] + scratch
@@ -81,7 +79,7 @@ def reference_gap(con: duckdb.DuckDBPyConnection, method: str, reference: str) -
 def best_on_val(con: duckdb.DuckDBPyConnection, methods: dict[str, dict]) -> tuple[str, float] | None:
     """(the pretrained-init method whose selected N = 1 point has the best val accuracy, that
     accuracy); None without a search."""
-    if "selection" not in _views(con):
+    if "selection" not in views(con):
         return None
     rows = [(m, v) for m, v in con.sql(SELECTED_VAL_SQL).fetchall()
             if methods.get(m, {}).get("init") != "random" and v is not None]
@@ -133,7 +131,7 @@ def premise_rows(con: duckdb.DuckDBPyConnection, methods: dict[str, dict]) -> li
         return [{"claim": CLAIM.format(who="fine-tuned models"), "where": WHERE, "paper_figure": PAPER_FIGURE,
                  "holds": "n/a", "study_figure": "— the study ran no no-pretraining reference "
                  "(baselines.pixel_logreg, baselines.small_cnn, a method with init: random)"}]
-    fc = next((m for m, cfg in methods.items() if cfg.get("kind") == "fc"), None)
+    fc = first(methods, methods, "fc")
     rows = [premise_row(con, FC_ROW, fc, refs, "the first fc method, the backbone's features as they are")] if fc else []
     best = best_on_val(con, methods)
     if best is None:

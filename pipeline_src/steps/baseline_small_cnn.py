@@ -81,12 +81,12 @@ def channel_stats(store: SampleStore, rows: np.ndarray, chunk: int = 1024) -> tu
     """Per-channel mean and std (unbiased) of the [0, 1]-scaled images of these rows, read `chunk`
     images at a time (float64 sums: the job holds one chunk, whatever the split's size)."""
     total = total_sq = None
+    n = 0  # values per channel
     for start in range(0, len(rows), chunk):
-        x = store.image_rows(rows[start:start + chunk]).to(torch.float64) / 255.0
+        x = store.image_rows(rows[start:start + chunk]).to(torch.float64) / 255.0  # (B, C, H, W)
         s, sq = x.sum(dim=(0, 2, 3)), x.square().sum(dim=(0, 2, 3))
         total, total_sq = (s, sq) if total is None else (total + s, total_sq + sq)
-    shape = store.image_rows(rows[:1]).shape
-    n = len(rows) * shape[2] * shape[3]  # values per channel
+        n += x.shape[0] * x.shape[2] * x.shape[3]
     mean = total / n
     std = ((total_sq - n * mean.square()) / max(n - 1, 1)).clamp_min(0).sqrt().clamp_min(1e-6)
     return mean.tolist(), std.tolist()
