@@ -58,14 +58,18 @@ WHERE kind = 'baseline' AND model = 'shard' AND shards = 1 AND split = 'test' OR
 
 # The searched methods' selected points at N = 1 with their validation accuracy.
 SELECTED_VAL_SQL = "SELECT method, val_accuracy FROM selection WHERE selected AND shards = 1"
+# The search's grid points (`scratch_lr1e-3`): trained on train, scored on val, never a reference.
+GRID_POINTS_SQL = "SELECT DISTINCT candidate FROM selection WHERE candidate NOT IN (SELECT method FROM selection)"
 
 
 def references(con: duckdb.DuckDBPyConnection, methods: dict[str, dict]) -> list[str]:
     """The no-pretraining references with per-image test records: the baselines, then the
-    methods with `init: random` (config order)."""
-    if "per_image_selected" not in views(con):
+    methods with `init: random` (config order), less the search's grid points of them."""
+    present = views(con)
+    if "per_image_selected" not in present:
         return []
-    scratch = [m for m, cfg in methods.items() if cfg.get("init") == "random"]
+    grid = {r[0] for r in con.sql(GRID_POINTS_SQL).fetchall()} if "selection" in present else set()
+    scratch = [m for m, cfg in methods.items() if cfg.get("init") == "random" and m not in grid]
     return [r[0] for r in con.sql(BASELINES_SQL).fetchall()] + scratch
 
 

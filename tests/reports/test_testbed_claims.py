@@ -121,3 +121,17 @@ def test_without_a_search_or_a_reference_the_rows_say_what_is_missing(tmp_path):
     results, _ = study(tmp_path / "none", {"fc": 0.80, "nlft-1": 0.85})
     (only,) = premise_rows(connect(results), {m: c for m, c in METHODS.items() if m != "scratch"})
     assert only["holds"] == "n/a" and "baselines.small_cnn" in only["study_figure"]
+
+
+def test_the_search_grid_points_of_a_scratch_reference_are_not_references(tmp_path):
+    """A searched `init: random` method's grid points (`scratch_lr1e-3`, in the config's methods
+    once the search adds them) trained on val only: the reference is the selected `scratch`."""
+    results, v = study(tmp_path, {"fc": 0.86, "small-cnn": 0.80, "scratch": 0.70}, val={"fc": 0.85, "scratch": 0.7})
+    methods = METHODS | {f"scratch_lr1e-{e}": {"kind": "full", "init": "random", "lr": 10.0 ** -e} for e in (3, 4)}
+    fc = premise_rows(connect(results), methods)[0]
+    assert "no shared records" not in fc["note"]
+    assert [part.split(":")[0] for part in fc["note"].split("paired per test image: ")[1].split("; ")] == \
+        ["small-cnn", "scratch"]
+    # a reference that the search did not produce and that has no records is still named as missing
+    fc = premise_rows(connect(results), methods | {"scratch-wide": {"kind": "full", "init": "random"}})[0]
+    assert fc["note"].endswith("no shared records with scratch-wide")
