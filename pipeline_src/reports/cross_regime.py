@@ -46,6 +46,27 @@ def study_summary(results_dir: Path) -> tuple[str, Regime, pd.DataFrame, pd.Data
     return experiment, regime, claims, selected
 
 
+def rows_by_setting(claims: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The table's rows: a claim that one study names bare (its n/a row: it ran none of the jobs)
+    and another per setting (`<claim>, N = 10`, `<claim>: last, ...`) becomes the per-setting rows,
+    in the bare row's place, so each regime's cell sits on its setting's row.
+
+    Returns:
+        (the rows in order, each per-setting row's bare claim).
+    """
+    per_setting = {c: b for b in claims for c in claims if c.startswith((f"{b}, ", f"{b}: "))}
+    order: list[str] = []
+    for c in claims:
+        group = [s for s in claims if per_setting.get(s) == c] or ([] if c in per_setting else [c])
+        order += [s for s in group if s not in order]
+    return order, per_setting
+
+
+def bare_claim(claim: str, per_setting: dict[str, str]) -> str:
+    """The bare claim a per-setting row belongs to (itself when it has none)."""
+    return per_setting.get(claim, claim)
+
+
 def _order(summaries: list[tuple[Path, tuple]]) -> list[tuple[Path, tuple]]:
     """Nearest first (smallest NLFT-1 − FC); studies without a measured gap last."""
     return sorted(summaries, key=lambda s: (s[1][1].gap_pts is None, s[1][1].gap_pts or 0.0))
@@ -70,12 +91,12 @@ def cross_regime_report(results_dirs: list[Path], out_dir: Path) -> list[Path]:
                          "study_figure": c.study_figure, "holds": c.holds})
     df = pd.DataFrame(long)
     columns = [f"{e}: {r.label()}" for _, (e, r, _, _) in studies]
-    order = list(dict.fromkeys(df.claim))
-    wide = pd.DataFrame({"claim": order, "paper made it for": [df[df.claim == c].paper_made_it_for.iloc[0]
-                                                               for c in order]})
+    order, per_setting = rows_by_setting(list(dict.fromkeys(df.claim)))
+    wide = pd.DataFrame({"claim": order, "paper made it for": [df[df.claim.isin([c, bare_claim(c, per_setting)])]
+                                                               .paper_made_it_for.iloc[0] for c in order]})
     for col, (_, (e, _, _, _)) in zip(columns, studies):
         cells = {r.claim: f"**{r.holds}**: {r.study_figure}" for r in df[df.study == e].itertuples()}
-        wide[col] = [cells.get(c, "— (no such rows)") for c in order]
+        wide[col] = [cells.get(c, cells.get(bare_claim(c, per_setting), "— (no such rows)")) for c in order]
     text = ["# Claims by regime", "", "Studies, nearest first (measured distance: NLFT-1 − FC of the full-data "
             "models, selected points where the study searched; `pipeline_src/reports/regimes.py`):", ""]
     text += [f"- `{e}` ({p}): {r.label()}" for p, (e, r, _, _) in studies]
