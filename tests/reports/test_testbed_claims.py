@@ -125,8 +125,8 @@ def test_without_a_search_or_a_reference_the_rows_say_what_is_missing(tmp_path):
 
 def test_the_search_grid_points_of_a_scratch_reference_are_not_references(tmp_path):
     """A searched `init: random` method's grid points (`scratch_lr1e-3`, in the config's methods
-    once the search adds them) trained on val only: the reference is the selected `scratch`."""
-    results, v = study(tmp_path, {"fc": 0.86, "small-cnn": 0.80, "scratch": 0.70}, val={"fc": 0.85, "scratch": 0.7})
+    once the search adds them) exist for the search only: the reference is the selected `scratch`."""
+    results, _ = study(tmp_path, {"fc": 0.86, "small-cnn": 0.80, "scratch": 0.70}, val={"fc": 0.85, "scratch": 0.7})
     methods = METHODS | {f"scratch_lr1e-{e}": {"kind": "full", "init": "random", "lr": 10.0 ** -e} for e in (3, 4)}
     fc = premise_rows(connect(results), methods)[0]
     assert "no shared records" not in fc["note"]
