@@ -1,6 +1,13 @@
 # Named targets that build parts of the study: `snakemake --cores N <target>`.
 
 
+# The study's backbone alone (`pretrain`: pretrained here, or loaded from timm or a checkpoint),
+# with its record: `make fashion-backbones` builds the Fashion backbones once, before the studies.
+rule backbone:
+    input:
+        f"{R}/pretrain/model.safetensors",
+
+
 rule evaluate_all:
     input:
         evaluation_targets(),
