@@ -6,8 +6,8 @@
 # and one for the real-data study (docs/real-study.md):
 #   make study-fashion   install Debian's dataset-fashion-mnist if missing (as root; else says what to run),
 #                        build both regimes' backbones once (fashion-backbones: each study's `backbone`
-#                        target, its pretraining), then run both regimes: study-fashion-far (studies/fashion_mnist.yaml, the backbone
-#                        pretrained on 5 other classes) and study-fashion-near (studies/fashion_near.yaml, on
+#                        target, its pretraining), then run both regimes: study-fashion-far
+#                        (studies/fashion_mnist.yaml, the backbone pretrained on 5 other classes) and study-fashion-near (studies/fashion_near.yaml, on
 #                        a disjoint pool of all 10 classes' training images); each target runs one alone
 #   make claims-regimes STUDIES="results/a results/b"   one claims table over two or more studies'
 #                        results folders, a column per regime, nearest first (docs/search.md)
@@ -61,6 +61,8 @@ study: install
 	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where)/ (report: report/index.md)"
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+FASHION_FAR := studies/fashion_mnist.yaml
+FASHION_NEAR := studies/fashion_near.yaml
 
 fashion-mnist-data:
 	@if [ ! -f $(FASHION_MNIST) ]; then \
@@ -71,22 +73,23 @@ fashion-mnist-data:
 	fi
 
 # The backbones first, by their own target: the 120-min budget of issue 42 holds the studies, not
-# the pretraining (docs/real-study.md); a later study run finds them built.
+# the pretraining (docs/real-study.md); a later study run finds them built. The target comes first:
+# --configfile takes every word after it as a config file.
 fashion-backbones: install fashion-mnist-data
-	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml backbone
-	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_near.yaml backbone
+	$(BIN)/snakemake backbone --cores $(CORES) --configfile $(FASHION_FAR)
+	$(BIN)/snakemake backbone --cores $(CORES) --configfile $(FASHION_NEAR)
 
 study-fashion: fashion-backbones study-fashion-far study-fashion-near
 	$(BIN)/python -m pipeline_src.reports.cross_regime results/fashion-near results/fashion-far --out results/fashion-regimes
 	@echo "Both regimes side by side: results/fashion-regimes/claims_by_regime.md"
 
 study-fashion-far: install fashion-mnist-data
-	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_mnist.yaml
-	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_mnist.yaml)/ (report: report/index.md)"
+	$(BIN)/snakemake --cores $(CORES) --configfile $(FASHION_FAR)
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile $(FASHION_FAR))/ (report: report/index.md)"
 
 study-fashion-near: install fashion-mnist-data
-	$(BIN)/snakemake --cores $(CORES) --configfile studies/fashion_near.yaml
-	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile studies/fashion_near.yaml)/ (report: report/index.md)"
+	$(BIN)/snakemake --cores $(CORES) --configfile $(FASHION_NEAR)
+	@echo "Results of this study: $$($(BIN)/python -m pipeline_src.plan.studies where --configfile $(FASHION_NEAR))/ (report: report/index.md)"
 
 PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 

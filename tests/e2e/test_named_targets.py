@@ -21,12 +21,13 @@ def planned_rules(text: str) -> set[str]:
 
 
 def test_the_backbone_target_plans_the_pretraining_and_its_inputs_only(tmp_path):
-    shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "config.yaml")
-    proc = snakemake(tmp_path, "-n", "--cores", "2", "backbone")
+    shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "study.yaml")
+    # as `make fashion-backbones` calls it: the target before --configfile, which takes every word after it
+    proc = snakemake(tmp_path, "backbone", "-n", "--cores", "2", "--configfile", str(tmp_path / "study.yaml"))
     rules = planned_rules(proc.stdout + proc.stderr)
     assert {"pretrain", "backbone"} <= rules, rules
     assert rules <= {"prepare", "signature", "pretrain", "backbone"}, rules
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("*.safetensors"))
-    whole_run = snakemake(tmp_path, "-n", "--cores", "2")
+    whole_run = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(tmp_path / "study.yaml"))
     whole = planned_rules(whole_run.stdout + whole_run.stderr)
     assert "train" in whole and "backbone" not in whole  # the default target `all` does not list it

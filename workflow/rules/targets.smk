@@ -5,7 +5,7 @@
 # with its record: `make fashion-backbones` builds the Fashion backbones once, before the studies.
 rule backbone:
     input:
-        f"{R}/pretrain/model.safetensors",
+        lambda w: rules.pretrain.output.model,  # a function: data.smk defines `pretrain` after this file
 
 
 rule evaluate_all:
