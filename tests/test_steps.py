@@ -1,4 +1,4 @@
-"""Every rule of the workflow runs through the one shim script, and its step module exists."""
+"""Every rule of the workflow runs its step through `launch.run_job`, and its step module exists."""
 from __future__ import annotations
 
 import importlib
@@ -8,30 +8,34 @@ from pipeline_src.plan.per_image_files import PER_IMAGE_STEPS, per_image_files
 from pipeline_src.steps import step_of_rule
 from tests.conftest import REPO
 
+RUN_JOB = "run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)"
 
-def rules_with_scripts() -> dict[str, str]:
-    """Rule name -> its script, read from workflow/rules/*.smk (a rule's block up to the next rule)."""
+
+def rules_with_runs() -> dict[str, str]:
+    """Rule name -> the body of its `run:` block, read from workflow/rules/*.smk (a rule's block up to the next rule)."""
     out = {}
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         text = smk.read_text()
         for block in re.split(r"\n(?=\s*rule\b)", text):
             m = re.match(r"\s*rule\s*(\w*):", block)
-            script = re.search(r'script:\s*\n\s*"([^"]+)"', block)
-            if not m or not script:
+            run = re.search(r"\brun:\s*\n\s*(.+)", block)
+            if not m or not run:
                 continue
             name = m[1] or "train_vectorized_m_n4_s0"  # rules named in `name:` (one per method, N and seed)
-            out[name] = script[1]
+            out[name] = run[1].strip()
     return out
 
 
-def test_every_rule_runs_the_shim_and_its_step_exists():
-    rules = rules_with_scripts()
+def test_every_rule_runs_its_step_through_run_job_and_the_step_exists():
+    rules = rules_with_runs()
     assert len(rules) >= 20
-    assert set(rules.values()) == {"../scripts/step.py"}
+    assert set(rules.values()) == {RUN_JOB}
     for rule in rules:
         module = importlib.import_module(f"pipeline_src.steps.{step_of_rule(rule)}")
         assert callable(module.main), rule
-    assert sorted(p.name for p in (REPO / "workflow" / "scripts").iterdir() if p.suffix == ".py") == ["step.py"]
+    smk = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    assert "script:" not in smk and "shell:" not in smk  # a job's own client process: 0.18 CPU-s each
+    assert not (REPO / "workflow" / "scripts").exists()
 
 
 def test_step_of_rule():
@@ -46,7 +50,7 @@ def rule_blocks() -> dict[str, str]:
     out = {}
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"\n(?=\s*rule\b)", smk.read_text()):
-            if (m := re.match(r"\s*rule\s*(\w+):", block)) and "script:" in block:
+            if (m := re.match(r"\s*rule\s*(\w+):", block)) and "run:" in block:
                 out[m[1]] = block
     return out
 
@@ -89,3 +93,15 @@ def test_per_image_files_of_the_study_metrics():
                                              "r/per_image/private/ours/taft-1/fc/eps1/n1_s0/shard0.parquet",
                                              "r/per_image/fuse/shared/nlft-1/n2_s0/none/soup.parquet",
                                              "r/per_image/unlearn_drop/taft-1/n3_s0.parquet"]
+
+
+def test_the_fork_server_preloads_every_rules_step_but_the_reports():
+    """A job's child imports nothing of its step (0.06-0.12 CPU-s a job before); the report's step,
+    one job that imports matplotlib, is left to its job."""
+    from pipeline_src.runner.forkserver import UNPRELOADED_STEPS, preload_steps
+
+    names = set(preload_steps())
+    for rule in rules_with_runs():
+        module = f"pipeline_src.steps.{step_of_rule(rule)}"
+        assert (module in names) == (module not in UNPRELOADED_STEPS), rule
+    assert UNPRELOADED_STEPS == ("pipeline_src.steps.report",)

@@ -1,7 +1,7 @@
 """The per-rule efficiency table: where a study's time goes and how far each rule is from the hardware.
 
 `efficiency.{md,csv}`, one row per rule, from two kinds of small files under `results/logs/`:
-- Snakemake's benchmark files (`<job>.bench.tsv`, the `jobs` view): each job's wall time `s`;
+- the jobs' benchmark files (`<job>.bench.tsv`, the `jobs` view, `store/job_bench.py`): each job's wall time `s`;
 - the jobs' own counters (`<job>.counters.parquet`, the `job_counters` view, written by
   `store/job_counters.py`): images (or feature rows) through the model, every epoch counted, and
   the model FLOPs counted by PyTorch's `FlopCounterMode` on the job's first batch;
@@ -9,7 +9,7 @@
   from `os.wait4` of the process that reaped the job, its shutdown included.
 
 Columns: jobs, total wall time and its share of the study, the share of that wall time inside the
-step itself (the rest is start-up: Snakemake's script, imports, loading), the seconds outside the
+step itself (the rest is start-up: the launcher, the fork, imports, loading), the seconds outside the
 step summed over the rule's jobs (`outside_step_s`: the fixed cost that fewer, larger jobs save;
 jobs without counters are left out of both), the largest peak RSS of
 the rule's jobs, images, images/s,

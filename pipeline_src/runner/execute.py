@@ -40,7 +40,7 @@ def execute(step: str, args: StepArgs) -> int:
         os.close(log_fd)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         print(f"[launch] CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
-    from pipeline_src.store import job_counters  # here: the Snakemake client process needs no pyarrow
+    from pipeline_src.store import job_counters  # here: the launcher (in Snakemake's process) needs no torch
 
     job_counters.reset()
     t0, cpu0 = time.perf_counter(), time.process_time()

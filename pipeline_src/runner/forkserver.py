@@ -9,16 +9,17 @@ the job's working directory, environment, umask and import path (so a GPU assign
 status back. The server reaps each child with `os.wait4` and sends the client the child's exact peak
 RSS (`ru_maxrss`: to its exit, `store/job_rss.py`) after the exit status; the client records it.
 
-The server never starts threads or CUDA before forking. When a job's client dies (its Snakemake
-killed: the client stops itself then, `orphan_guard.py`) the server kills that job's child, so no orphan writes results behind a rerun, and then
-exits if no other job runs; otherwise it exits after `IDLE_SECONDS` without jobs. Set
-`PIPELINE_FORKSERVER=0` to run every step in its own process (cluster jobs, or exact per-job
-resource accounting in Snakemake's `benchmark:` files).
+The server never starts threads or CUDA before forking. A job's client is a thread of the main
+Snakemake process (a rule's `run:` block, `launch.py`). When that process dies (Snakemake killed)
+its connections close, and the server kills their jobs' children, so no orphan writes results
+behind a rerun, and then exits if no other job runs; otherwise it exits after `IDLE_SECONDS`
+without jobs. Set `PIPELINE_FORKSERVER=0` to run every step in a process of its own.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import os
 import pickle
 import select
@@ -36,11 +37,17 @@ from typing import Callable
 
 from pipeline_src.runner.cpu_threads import set_wait_policy
 from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap, resolve
+from pipeline_src.runner.job_stops import stopped_by_signals
+from pipeline_src.store.atomic import process_umask
 
 IDLE_SECONDS = 120
 # opacus: 0.46 CPU-s of every DP job's start before (42 jobs in the default study; docs/performance.md)
 PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto", "opacus",
            "jsonschema", "yaml", "scipy.optimize")
+# The step modules too (all but the report's, one job that imports matplotlib): 0.06-0.12 CPU-s of
+# imports in each job's child before, 0.17 s once here (docs/performance.md).
+PRELOAD_STEPS = True  # False: a test's server that preloads numpy only
+UNPRELOADED_STEPS = ("pipeline_src.steps.report",)
 _HEADER = struct.Struct("!Q")
 PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/forkserver.py)
 _DONE = b"\x01"  # client -> server after it received the exit status; EOF without it: the client died
@@ -103,12 +110,27 @@ def _recv(sock: socket.socket):
 
 
 # ----------------------------------------------------------------------------- server
+def preload_steps() -> list[str]:
+    """Import the step modules (`pipeline_src.steps.*`) but UNPRELOADED_STEPS; returns their names."""
+    import pkgutil
+
+    steps = importlib.import_module("pipeline_src.steps")  # as `execute` imports a step: by name
+
+    names = [m.name for m in pkgutil.walk_packages(steps.__path__, f"{steps.__name__}.")
+             if m.name not in UNPRELOADED_STEPS]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
 def listen_at(path: Path) -> socket.socket:
     """Preload the job modules, then listen at `path` (owner-only), which appears atomically once
     the server is ready to accept; the fork server and the GPU job server start the same way."""
     set_wait_policy()  # before torch loads libgomp, which reads it once (cpu_threads.py)
     for mod in PRELOAD:
         __import__(mod)
+    if PRELOAD_STEPS:
+        preload_steps()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = path.with_suffix(f".{os.getpid()}")
     server.bind(str(tmp))
@@ -174,12 +196,13 @@ def serve(path: Path) -> None:
 
 
 def _send_peak(conn: socket.socket, done: JobExit) -> None:
-    """Send the reaped child's wait status and peak RSS to its client: `("exit", code, KiB)`. The
+    """Send the reaped child's wait status, peak RSS and CPU seconds to its client:
+    `("exit", code, KiB, cpu_s)`. The
     client waits for it after `_DONE`, or gets it instead of the child's exit status if the child
     died without reporting one (e.g. killed for memory)."""
     try:
         conn.settimeout(5.0)
-        _send(conn, ("exit", done.code, done.peak_kib))
+        _send(conn, ("exit", done.code, done.peak_kib, done.cpu_s))
     except OSError:  # the client died meanwhile: nobody to tell
         pass
 
@@ -262,7 +285,7 @@ def _ensure_server(path: Path, wait_s: float = 30.0,
 
 
 def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None, *, call: str = EXECUTE,
-                  path: Path | None = None) -> JobExit | None:
+                  path: Path | None = None, env: dict[str, str] | None = None) -> JobExit | None:
     """Run a step in a forked child of the server; None when no server could be reached.
 
     Args:
@@ -271,6 +294,7 @@ def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None
         on_child: called with the child's pid (its process group) once it runs.
         call: `module:function` the child runs as `call(step, args)` (a test's probe; jobs run `EXECUTE`).
         path: the server's socket (default: `socket_path()`, started if missing).
+        env: the child's environment (default: this process's).
     Returns:
         The child's exit status and peak RSS (None where the server could not send it).
     """
@@ -278,41 +302,29 @@ def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None
     if sock is None:
         return None
     with sock:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        _send(sock, {"call": call, "step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ),
-                     "sys_path": sys.path, "umask": umask})
+        umask = process_umask()
+        _send(sock, {"call": call, "step": step, "args": args, "cwd": os.getcwd(),
+                     "env": dict(os.environ) if env is None else env, "sys_path": sys.path, "umask": umask})
         child = _recv(sock)
         if on_child is not None:
             on_child(child)
-
-        def forward(signum, _frame):  # Snakemake cancelling the job stops the child too
-            os.killpg(child, signum)
-            raise SystemExit(128 + signum)
-
-        # restored after: a handler left behind would outlive the job and be inherited by
-        # anything the caller forks later (an augmentation pool stopped dying on SIGTERM)
-        handlers = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with stopped_by_signals(lambda signum: os.killpg(child, signum)):  # Snakemake cancelling the job stops the child too
             try:
                 got = _recv(sock)
             except ConnectionError:
                 return JobExit(1, None)
             if isinstance(got, tuple):  # died without reporting (e.g. killed for memory): the server's word
-                return JobExit(int(got[1]) or 1, got[2])
+                return JobExit(int(got[1]) or 1, got[2], got[3])
             try:
                 sock.sendall(_DONE)
             except OSError:  # the child exited first: the server sent its peak already and closed
                 pass
             try:
                 sock.settimeout(60.0)  # the server reaps the child (it is exiting), then sends its peak
-                _, _, peak = _recv(sock)
+                _, _, peak, cpu = _recv(sock)
             except (OSError, ConnectionError, ValueError, TypeError):
-                peak = None
-            return JobExit(int(got), peak)
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
+                peak = cpu = None
+            return JobExit(int(got), peak, cpu)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,8 @@ from __future__ import annotations
 import hashlib
 import os
 import select
-import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +40,8 @@ from typing import Callable
 
 from pipeline_src.runner.forkserver import PACKAGE, _ensure_server, _recv, _send, code_digest, listen_at, socket_in_tmp
 from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap
+from pipeline_src.runner.job_stops import stopped_by_signals
+from pipeline_src.store.atomic import process_umask
 
 IDLE_SECONDS = 120
 START_WAIT_S = 120.0  # how long a job waits for the server it started before running in its own process
@@ -211,7 +211,7 @@ def serve(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- client
 def run_in_gpu_server(step: str, args, on_worker: Callable[[int], None] | None = None, *, call: str = EXECUTE,
-                      path: Path | None = None) -> JobExit | None:
+                      path: Path | None = None, env: dict[str, str] | None = None) -> JobExit | None:
     """Run a step in a worker of the GPU job server; None when no server could be reached.
 
     Args:
@@ -221,6 +221,7 @@ def run_in_gpu_server(step: str, args, on_worker: Callable[[int], None] | None =
             stop the job, this process dies or is signalled, and the server stops the worker).
         call: `module:function` the worker runs as `call(step, args)` (a test's probe; jobs run `EXECUTE`).
         path: the server's socket (default: `socket_path()`, started if missing).
+        env: the job's environment (default: this process's).
     Returns:
         The job's exit status and peak RSS (its worker's high-water mark during the job).
     """
@@ -229,29 +230,20 @@ def run_in_gpu_server(step: str, args, on_worker: Callable[[int], None] | None =
     sock = _ensure_server(path or socket_path(), wait_s=START_WAIT_S, module="pipeline_src.runner.gpu_server")
     if sock is None:
         return None
-
-    def stop(signum, _frame):  # Snakemake cancelling the job: closing the connection stops its worker
-        raise SystemExit(128 + signum)
-
     with sock:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        main = threading.current_thread() is threading.main_thread()  # only it may set handlers
-        handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
-        try:
-            _send(sock, {"call": call, "step": step, "args": args, "cwd": os.getcwd(), "env": dict(os.environ),
-                         "sys_path": sys.path, "umask": umask})
+        umask = process_umask()
+        # Snakemake cancelling the job: closing the connection stops its worker
+        with stopped_by_signals(lambda _signum: sock.shutdown(socket.SHUT_RDWR)):
+            _send(sock, {"call": call, "step": step, "args": args, "cwd": os.getcwd(),
+                         "env": dict(os.environ) if env is None else env, "sys_path": sys.path, "umask": umask})
             try:
                 worker = _recv(sock)
                 if on_worker is not None:
                     on_worker(worker)
                 _, code, peak = _recv(sock)
-            except (ConnectionError, OSError):  # the server died
+            except (ConnectionError, OSError):  # the server died, or the job was stopped
                 return JobExit(1, None)
             return JobExit(int(code), peak)
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def _try_lock(path: Path) -> int | None:
 
 @contextlib.contextmanager
 def acquire_gpu(gpus: int = 1, num_gpus_visible: int | None = None, lock_dir: str | Path | None = None,
-                poll_s: float = 0.2) -> Iterator[list[str] | None]:
+                poll_s: float = 0.2, set_environ: bool = True) -> Iterator[list[str] | None]:
     """Hold `gpus` devices for the duration of the block, with CUDA_VISIBLE_DEVICES set to them.
 
     Waits until enough slots are free; takes all of them at once or none (no deadlock between
@@ -116,6 +116,8 @@ def acquire_gpu(gpus: int = 1, num_gpus_visible: int | None = None, lock_dir: st
         lock_dir: directory of the slot files (default PIPELINE_GPU_LOCK_DIR or
             <tmp>/vitpipe-gpu-slots); must be the same for all jobs of the machine.
         poll_s: seconds between attempts while all slots are busy.
+        set_environ: set CUDA_VISIBLE_DEVICES in this process's environment during the block; False
+            where jobs of other threads share it (the caller gives the job its own environment).
     """
     if gpus < 0:
         raise ValueError(f"gpu_slots: resource 'gpu' must be >= 0, got {gpus}")
@@ -148,6 +150,9 @@ def acquire_gpu(gpus: int = 1, num_gpus_visible: int | None = None, lock_dir: st
                 os.close(fd)
             held.clear()
             time.sleep(poll_s)
+        if not set_environ:
+            yield list(held)
+            return
         previous = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(held)
         try:

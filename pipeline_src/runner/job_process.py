@@ -6,14 +6,14 @@ the job over a pipe and waits for it with `os.wait4`. The kernel's `ru_maxrss` o
 process is its peak to the very end, the interpreter's shutdown included (atexit handlers, module
 teardown), which the job's own `[launch] peak RSS` line cannot see (`store/job_rss.py`).
 
-The job process gets the client's environment (a GPU assigned through `CUDA_VISIBLE_DEVICES` holds),
-working directory and import path, and its own session (process group), like a fork-server child: the
-orphan guard (`orphan_guard.py`) kills that group, a SIGTERM or SIGINT of the client is passed on,
-and the process dies with its client (`PR_SET_PDEATHSIG`) if the client is SIGKILLed.
+The job process gets the job's environment (a GPU assigned through `CUDA_VISIBLE_DEVICES` holds),
+the client's working directory and import path, and its own session (process group), like a
+fork-server child: Ctrl-C is passed on (`job_stops.py`), and the process dies with its client
+(`PR_SET_PDEATHSIG`: the client thread, which waits for it to the end) if Snakemake is SIGKILLed.
 
 Note: `ru_maxrss` of an exec'd child starts at its parent's RSS at the exec (the kernel keeps the
-old address space's high-water mark), so the figure is at least the client's RSS (a Python with
-Snakemake's script module, far below a job's torch import).
+old address space's high-water mark), so the figure is at least the client's RSS: Snakemake's
+process, 150-190 MB in the default study, below a job's torch import.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline_src.runner.cpu_threads import set_wait_policy
+from pipeline_src.runner.job_stops import stopped_by_signals
 
 PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/job_process.py)
 EXECUTE = "pipeline_src.runner.execute:execute"  # what a job process runs: `execute(step, args)`
@@ -38,11 +39,13 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class JobExit:
-    """How a job process ended: its exit status (128 + n when killed by signal n) and its peak RSS
-    in KiB (`ru_maxrss` from `os.wait4`; None where it could not be measured)."""
+    """How a job process ended: its exit status (128 + n when killed by signal n), its peak RSS
+    in KiB (`ru_maxrss` from `os.wait4`) and its CPU seconds, user + system (None where either
+    could not be measured)."""
 
     code: int
     peak_kib: int | None
+    cpu_s: float | None = None
 
 
 def exit_code(status: int) -> int:
@@ -88,7 +91,7 @@ def reap(pid: int, block: bool = True) -> JobExit | None:
     got, status, usage = os.wait4(pid, 0 if block else os.WNOHANG)
     if got == 0:
         return None
-    return JobExit(exit_code(status), maxrss_kib(usage.ru_maxrss))
+    return JobExit(exit_code(status), maxrss_kib(usage.ru_maxrss), usage.ru_utime + usage.ru_stime)
 
 
 def resolve(call: str) -> Callable[..., Any]:
@@ -98,7 +101,7 @@ def resolve(call: str) -> Callable[..., Any]:
 
 
 def run_measured(step: str, args: Any, on_child: Callable[[int], None] | None = None, *,
-                 call: str = EXECUTE) -> JobExit:
+                 call: str = EXECUTE, env: dict[str, str] | None = None, python: str | None = None) -> JobExit:
     """Run `call(step, args)` in a new Python process of its own and reap it with `os.wait4`.
 
     Args:
@@ -106,21 +109,17 @@ def run_measured(step: str, args: Any, on_child: Callable[[int], None] | None = 
         args: the job's StepArgs (picklable).
         on_child: called with the process's pid (its process group) once it runs.
         call: `module:function` to run (a test's probe; jobs run `EXECUTE`).
+        env: the process's environment (default: this process's).
+        python: the interpreter (default: this one's; a rule's conda env gives its own).
     """
     request = pickle.dumps({"call": call, "step": step, "args": args, "cwd": os.getcwd(), "sys_path": sys.path,
                             "parent": os.getpid()})
     # cwd: `-m` puts it first on the path, so the process imports this very package (as the fork server does)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline_src.runner.job_process"], cwd=PACKAGE.parent,
-                            stdin=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen([python or sys.executable, "-m", "pipeline_src.runner.job_process"], cwd=PACKAGE.parent,
+                            stdin=subprocess.PIPE, start_new_session=True, env=env)
     if on_child is not None:
         on_child(proc.pid)
-
-    def forward(signum, _frame):  # Snakemake cancelling the job stops the process too
-        os.killpg(proc.pid, signum)
-        raise SystemExit(128 + signum)
-
-    handlers = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stopped_by_signals(lambda signum: os.killpg(proc.pid, signum)):  # Snakemake cancelling the job stops it too
         try:
             proc.stdin.write(request)
             proc.stdin.close()
@@ -129,13 +128,10 @@ def run_measured(step: str, args: Any, on_child: Callable[[int], None] | None = 
         done = reap(proc.pid)
         proc.returncode = done.code  # reaped here: Popen must not wait for it again
         return done
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
 
 
 def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent (the job's client) dies; exit if it already has."""
+    """SIGKILL this process when its parent (the job's client thread) dies; exit if it already has."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the orphan guard alone stops the job

@@ -1,11 +1,13 @@
 """Stop a job whose Snakemake process was killed (SIGKILL of that process alone).
 
-Snakemake starts a job's client through a shell, so the client's parent is that shell, which
-outlives a killed Snakemake: neither the client's death nor `PR_SET_PDEATHSIG` would stop the job.
-The main Snakemake process instead names itself in `PIPELINE_RUN_OWNER` (`store/atomic.py`,
-set in `workflow/rules/common.smk`), and a thread of the client polls that process. Once it is
-gone the thread kills the job's fork-server child (its whole process group) and the client itself.
-The child's own renames refuse meanwhile (`atomic.commit`), so no output appears after the kill.
+A job's client is a thread of the main Snakemake process, whose death closes the job's fork-server
+connection and so stops the job (`forkserver.py`). A client in a process of its own, though (a
+Snakemake started per job where the workflow profile is not used, `launch.run_job`), outlives a
+killed main Snakemake. The main Snakemake process therefore names itself in `PIPELINE_RUN_OWNER`
+(`store/atomic.py`, set in `workflow/rules/common.smk`), and a thread of such a client polls that
+process. Once it is gone the thread kills the job's child (its whole process group) and the
+client itself. The child's own renames refuse meanwhile (`atomic.commit`), so no output appears
+after the kill.
 """
 from __future__ import annotations
 

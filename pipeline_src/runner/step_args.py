@@ -1,6 +1,6 @@
 """What a pipeline step receives: Snakemake's job object reduced to plain, picklable data.
 
-Steps take a `StepArgs`, so they run the same from a Snakemake `script:`, from a test, or
+Steps take a `StepArgs`, so they run the same from a rule's `run:` block, from a test, or
 from the command line. A step reads its settings from `args.settings` (the rule's `settings`
 param, `plan/step_settings.py`), or both as one job config (`StepArgs.job_config`), and how to
 run from `args.runtime`. Every rule with a step is converted: `args.config` raises on any access
@@ -125,15 +125,22 @@ def selected_params(params: dict[str, Any], inputs: Paths) -> dict[str, Any]:
     return {**params, "settings": settings}
 
 
-def from_snakemake(smk) -> StepArgs:
-    """Convert the `snakemake` object a `script:` receives (a searched method's settings moved to
-    its selected point: `selected_params`)."""
-    resources = {k: v for k, v in smk.resources.items() if isinstance(v, (int, float, str))}
-    rule = str(getattr(smk, "rule", "") or "")
-    inputs = _paths(smk.input)
+def from_job(rule: str, input, output, params, wildcards, threads: int, resources, log, config: dict) -> StepArgs:
+    """Convert what a rule's `run:` block holds (Snakemake's named lists; a searched method's
+    settings moved to its selected point: `selected_params`)."""
+    resources = {k: v for k, v in resources.items() if isinstance(v, (int, float, str))}
+    rule = str(rule or "")
+    inputs = _paths(input)
     return StepArgs(
-        input=inputs, output=_paths(smk.output), params=selected_params(dict(smk.params.items()), inputs),
-        wildcards=dict(smk.wildcards.items()), log=_paths(smk.log), threads=int(smk.threads),
-        resources=resources, config=NoConfig(rule) if converted(rule) else dict(smk.config), rule=rule,
-        runtime=run_only_settings(smk.config),
+        input=inputs, output=_paths(output), params=selected_params(dict(params.items()), inputs),
+        wildcards=dict(wildcards.items()), log=_paths(log), threads=int(threads),
+        resources=resources, config=NoConfig(rule) if converted(rule) else dict(config), rule=rule,
+        runtime=run_only_settings(config),
     )
+
+
+def from_snakemake(smk) -> StepArgs:
+    """Convert an object with a Snakemake job's names as attributes (a `script:`'s `snakemake`, or a
+    test's namespace; `from_job`)."""
+    return from_job(getattr(smk, "rule", ""), smk.input, smk.output, smk.params, smk.wildcards, smk.threads,
+                    smk.resources, smk.log, smk.config)

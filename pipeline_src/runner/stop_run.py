@@ -4,8 +4,8 @@ Snakemake 9 (9.27 measured) does not stop its running jobs when only its own pro
 SIGTERM logs "Will exit after finishing currently running jobs" and waits for them; SIGINT logs
 "Terminating processes on user request" and waits too; a second SIGINT ends Snakemake with a
 traceback but leaves a plain job running. What stops a run at once is SIGINT to its whole process
-group, as Ctrl-C in a terminal sends it: each job's client (`launch.py`) gets it too and passes it
-to its job's process (fork-server child or job process, each in a session of its own), the jobs
+group, as Ctrl-C in a terminal sends it: Snakemake's handler passes it to every running job's
+process first (fork-server child or job process, each in a session of its own; `job_stops.py`), the jobs
 end, and Snakemake exits within seconds, removing its lock. Should it still run after a grace
 period, SIGKILL of Snakemake is the fallback: the orphan guard (`orphan_guard.py`) ends its jobs
 within 0.2 s, and the lock stays (`snakemake --unlock`, docs/reliability.md).

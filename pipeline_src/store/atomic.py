@@ -26,8 +26,9 @@ if TYPE_CHECKING:  # pyarrow only where a Parquet file is written: a job's clien
     import pyarrow as pa
 
 
-def _umask() -> int:
-    """The process umask, read without changing it where /proc allows (os.umask sets it)."""
+def process_umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask sets it, for every
+    thread: a job launched from a thread of Snakemake's process must not flip it under the others)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -42,7 +43,7 @@ def _umask() -> int:
 def file_mode() -> int:
     """The mode a plain open() gives a new file (0666 & ~umask): what every written result gets,
     whatever its writer made (mkstemp and some writers make 0600, which os.replace keeps)."""
-    return 0o666 & ~_umask()
+    return 0o666 & ~process_umask()
 
 
 # The writer's tag in a temporary name; hostnames hold letters, digits, '-' and '.' only.
@@ -117,6 +118,13 @@ def run_owner_token() -> str:
     """This process as the owner of a run, `<pid>-<start time>@<host>`, for `RUN_OWNER_ENV`."""
     pid = os.getpid()
     return f"{pid}-{_start_time(pid)}@{_host()}"
+
+
+def run_owner_is_me() -> bool:
+    """True in the process that `RUN_OWNER_ENV` names (the main Snakemake process: a `run:` job's
+    thread needs no guard against its own death)."""
+    m = _OWNER.match(os.environ.get(RUN_OWNER_ENV, ""))
+    return bool(m) and m["host"] == _host() and int(m["pid"]) == os.getpid()
 
 
 def run_owner_gone() -> bool:

@@ -6,7 +6,8 @@ allocates (atexit handlers, module teardown), 110-150 MB in the studies measured
 reaps the job with `os.wait4` gets the kernel's high-water mark of the whole process instead
 (`ru_maxrss`, KiB on Linux), shutdown included: the fork server for its children
 (`runner/forkserver.py`), the job's client for a job run in its own process (`runner/job_process.py`).
-Snakemake's `benchmark:` files sample memory every few seconds and can miss a short peak.
+Snakemake's `benchmark:` sampling could miss a short peak (the launcher now writes each job's
+benchmark file itself: `store/job_bench.py`).
 
 The client writes the figure beside the job's log once the job process has exited (after the
 child wrote its counters, so it is its own small file, written atomically); the report's

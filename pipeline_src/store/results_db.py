@@ -7,7 +7,7 @@
 | models | the JSON records beside every trained/composed model (`results/{train,compose}/**/*.json`) |
 | manifests | shard manifests `results/split/**/shard*.parquet` (each shard's training ids), with the file name |
 | samples | `results/prepare/samples.parquet` |
-| jobs | Snakemake `benchmark:` files `results/logs/**/*.bench.tsv` |
+| jobs | benchmark files in Snakemake's format, `results/logs/**/*.bench.tsv` (`store/job_bench.py`) |
 | job_counters | each job's own counters beside its log, `results/logs/**/*.counters.parquet`: images and model FLOPs (`pipeline_src/store/job_counters.py`) |
 | job_rss | each job's exact peak RSS beside its log, `results/logs/**/*.rss.json`, measured by the process that reaped it (`pipeline_src/store/job_rss.py`) |
 | selection | the validation search's choices `results/select/*.parquet` (schema in `pipeline_src/steps/select.py`) |
@@ -44,7 +44,7 @@ VIEWS = {
     "models": ("{train,compose}/**/*.json", None),
     "manifests": ("split/**/shard*.parquet", "SELECT * FROM read_parquet('{g}', filename=true)"),
     "samples": ("prepare/samples.parquet", "SELECT * FROM read_parquet('{g}')"),
-    "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true)"),
+    "jobs": ("logs/**/*.bench.tsv", "SELECT * FROM read_csv('{g}', delim='\t', header=true, filename=true, union_by_name=true, nullstr='NA')"),
     "job_counters": ("logs/**/*.counters.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true, filename=true)"),
     "job_rss": ("logs/**/*.rss.json", None),
     "selection": ("select/*.parquet", "SELECT * FROM read_parquet('{g}', union_by_name=true)"),

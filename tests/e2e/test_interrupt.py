@@ -165,11 +165,11 @@ def test_a_sigkill_of_snakemake_alone_stops_its_jobs(tmp_path, tiny_study, forks
         while not [log for log in train_logs.rglob("shard*.log") if training_now(killed, log)]:
             assert smk.poll() is None and time.monotonic() < deadline, "the run ended before a training job ran"
             time.sleep(0.1)
-        os.kill(smk.pid, signal.SIGKILL)  # Snakemake only: its job clients, the shells between and the server live on
+        os.kill(smk.pid, signal.SIGKILL)  # Snakemake only: the servers and the job processes live on
         at_kill = result_files(killed, logs=False)
         smk.wait()
-        # A running job notices within a poll (0.2 s); one still starting (Snakemake's script preamble,
-        # slow on a loaded machine) once its guard runs, before it writes anything (checked below).
+        # A server notices the closed connection of a running job within its select (1 s), a job
+        # process its parent's death at once (PR_SET_PDEATHSIG); neither writes anything after (checked below).
         for _ in range(300):
             if not processes_in(killed):
                 break

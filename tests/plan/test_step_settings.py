@@ -148,13 +148,13 @@ def test_every_converted_rule_has_settings_for_the_tiny_study(cfg):
 def test_every_rule_with_a_step_is_converted_and_passes_its_settings():
     """No step reads the whole config: each rule that runs one is in RULE_KEYS and its `params:`
     carry `settings=` (the rerun trigger holds what the step reads)."""
-    from tests.test_steps import rules_with_scripts
+    from tests.test_steps import rules_with_runs
 
-    rules = rules_with_scripts()
+    rules = rules_with_runs()
     assert {"train_private", "unlearn_drop", "unlearn_paragon_nonlinear", "ablation"} <= set(rules)
     assert [r for r in rules if not converted(r)] == []
     text = "\n".join(p.read_text() for p in sorted((REPO / "workflow" / "rules").glob("*.smk")))
-    blocks = [b for b in re.split(r"\n(?=\s*rule\b)", text) if re.search(r'script:\s*\n\s*"../scripts/step.py"', b)]
+    blocks = [b for b in re.split(r"\n(?=\s*rule\b)", text) if re.search(r"\brun:\s*\n\s*run_job\(", b)]
     assert len(blocks) == len(rules)
     for block in blocks:
         assert re.search(r"params:(.|\n)*\bsettings=", block), block.strip().splitlines()[0]

@@ -47,3 +47,11 @@ def die(step: str, args) -> int:
     """Killed by SIGKILL, as by the kernel's OOM killer: no exit status of its own."""
     os.kill(os.getpid(), signal.SIGKILL)
     return 0
+
+
+def sleep(step: str, args) -> int:
+    """Sleeps `step` seconds: a job that runs until it is stopped."""
+    import time
+
+    time.sleep(float(step))
+    return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline_src.runner.forkserver import _recv, _send, run_in_server
 
-PID, CODE, PEAK_KIB = 4242, 0, 123_456
+PID, CODE, PEAK_KIB, CPU_S = 4242, 0, 123_456, 1.25
 
 
 def scripted_server(path: Path, closed: threading.Event, send_peak: bool = True) -> threading.Thread:
@@ -29,7 +29,7 @@ def scripted_server(path: Path, closed: threading.Event, send_peak: bool = True)
             _send(conn, PID)
             _send(conn, CODE)
             if send_peak:
-                _send(conn, ("exit", CODE, PEAK_KIB))
+                _send(conn, ("exit", CODE, PEAK_KIB, CPU_S))
         closed.set()
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -43,7 +43,7 @@ def test_a_peak_sent_before_the_server_closed_survives_the_clients_broken_pipe(t
     # on_child runs between the pid and the exit status: wait there until the server has closed
     done = run_in_server("noop", None, on_child=lambda pid: closed.wait(10), path=tmp_path / "s.sock")
     thread.join(10)
-    assert (done.code, done.peak_kib) == (CODE, PEAK_KIB)
+    assert (done.code, done.peak_kib, done.cpu_s) == (CODE, PEAK_KIB, CPU_S)
 
 
 def test_a_server_that_closes_without_a_peak_leaves_the_peak_unknown(tmp_path):

@@ -145,3 +145,38 @@ def test_lock_waits_are_short(tmp_path, monkeypatch):
         with acquire_gpu(4, num_gpus_visible=4, lock_dir=tmp_path) as devices:
             assert devices == ["0", "1", "2", "3"]
     assert time.monotonic() - start_t < 2.0
+
+
+def test_jobs_in_threads_get_their_devices_in_their_own_environment(tmp_path, monkeypatch):
+    """Two GPU jobs whose clients are threads of one process (rules' `run:` blocks in Snakemake's
+    process): each job's environment names its own device, and the process's stays as it was."""
+    import threading
+
+    from pipeline_src.runner import launch
+    from pipeline_src.runner.job_process import JobExit
+    from pipeline_src.runner.step_args import StepArgs
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PIPELINE_NUM_GPUS", "2")
+    monkeypatch.setenv("PIPELINE_GPU_LOCK_DIR", str(tmp_path))
+    monkeypatch.setattr(launch, "wants_gpu_server", lambda *a: False)
+    both_in = threading.Barrier(2, timeout=10)
+    envs, during = [], []
+
+    def job_on_its_devices(step, args, on_child, env):
+        envs.append(env["CUDA_VISIBLE_DEVICES"])
+        both_in.wait()  # both hold a slot at once
+        during.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return JobExit(0, None)
+
+    monkeypatch.setattr(launch, "stop_with_run", lambda group: None)
+    monkeypatch.setattr("pipeline_src.runner.forkserver.run_in_server", job_on_its_devices)
+    args = StepArgs(resources={"gpu": 1}, rule="train")
+    threads = [threading.Thread(target=launch.launch, args=("train", args)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(envs) == ["0", "1"] and during == [None, None]
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ

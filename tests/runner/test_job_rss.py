@@ -15,11 +15,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from types import SimpleNamespace
-
-import pytest
 
 from pipeline_src.runner import launch
 from pipeline_src.runner.forkserver import run_in_server
@@ -68,23 +64,6 @@ def test_a_killed_job_process_is_reaped_with_its_signal():
     assert done.code == 128 + 9 and done.peak_kib is not None
 
 
-@pytest.fixture
-def server(tmp_path):
-    """A fork server of this test's own that preloads numpy only (seconds less than torch)."""
-    path = tmp_path / "s.sock"
-    code = ("import sys; from pathlib import Path; import pipeline_src.runner.forkserver as f; "
-            "f.PRELOAD = ('numpy',); f.IDLE_SECONDS = 20; f.serve(Path(sys.argv[1]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    deadline = time.monotonic() + 30
-    while not path.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the fork server did not start"
-        time.sleep(0.02)
-    yield path
-    proc.kill()
-    proc.wait()
-
-
 def test_a_fork_server_child_reports_the_memory_it_touched(server):
     idle = run_in_server("0,0", None, call=PROBE, path=server)
     busy = run_in_server(f"{MB},0", None, call=PROBE, path=server)
@@ -112,15 +91,13 @@ def test_launch_writes_the_peak_beside_the_log(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_FORKSERVER", "0")  # the job's own process (the server's path: above)
     monkeypatch.setattr(launch, "stop_with_run", lambda group: None)  # no guard thread in the test process
     args = StepArgs(log=Paths([str(log)]), rule="train")
-    monkeypatch.setattr(launch, "from_snakemake", lambda smk: args)
-    monkeypatch.setattr(launch, "run_measured", lambda step, args, on_child: run_measured(
-        step, args, on_child, call="tests.runner.rss_probe:execute_allocating"))
-    launch.run_step(f"{MB},0", SimpleNamespace(scriptdir=None))
+    monkeypatch.setattr(launch, "run_measured", lambda step, args, on_child, **kw: run_measured(
+        step, args, on_child, call="tests.runner.rss_probe:execute_allocating", **kw))
+    assert launch.launch(f"{MB},0", args) == 0
     row = read_job_rss(rss_path(log))
     assert row["measured_by"] == "wait4: job process" and row["exit_code"] == 0
     # never below the job's own line, which is rounded to 0.1 MB (869.5625 MB printed as 869.6)
     assert row["peak_rss_mb"] >= float(LINE.findall(log.read_text())[-1]) - 0.05
-    monkeypatch.setattr(launch, "run_measured", lambda step, args, on_child: JobExit(3, None))
-    with pytest.raises(SystemExit):
-        launch.run_step("0,0", SimpleNamespace(scriptdir=None))
+    monkeypatch.setattr(launch, "run_measured", lambda step, args, on_child, **kw: JobExit(3, None))
+    assert launch.launch("0,0", args) == 3
     assert not rss_path(log).exists()  # no figure: the old one is gone, not shown as this run's

@@ -22,8 +22,6 @@ rule ablation:
         metrics=f"{R}/metrics/ablation/{{method}}/{{variant}}/s{{seed}}.parquet",
     log:
         f"{R}/logs/ablation/{{method}}/{{variant}}/s{{seed}}.log",
-    benchmark:
-        f"{R}/logs/ablation/{{method}}/{{variant}}/s{{seed}}.bench.tsv"
     wildcard_constraints:
         variant="|".join(ABLATION_POINTS) or "none",
     conda:
@@ -35,5 +33,5 @@ rule ablation:
     params:
         point=lambda w: ABLATION_POINTS[w.variant],
         settings=step_settings("ablation"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)

@@ -11,8 +11,6 @@ rule baseline_pixel_logreg:
         per_image=f"{R}/per_image/baselines/pixel_logreg.parquet",
     log:
         f"{R}/logs/baselines/pixel_logreg.log",
-    benchmark:
-        f"{R}/logs/baselines/pixel_logreg.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: 1
@@ -20,8 +18,8 @@ rule baseline_pixel_logreg:
         mem_mb=mem_per_attempt(2000),
     params:
         settings=step_settings("baseline_pixel_logreg"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 # A small CNN from random init under the methods' protocol and learning-rate search (issue 42 §3):
@@ -35,8 +33,6 @@ rule baseline_small_cnn:
         per_image=f"{R}/per_image/baselines/small_cnn/s{{seed}}.parquet",
     log:
         f"{R}/logs/baselines/small_cnn/s{{seed}}.log",
-    benchmark:
-        f"{R}/logs/baselines/small_cnn/s{{seed}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: RES["train_threads"]
@@ -45,8 +41,8 @@ rule baseline_small_cnn:
         gpu=RES["gpu"],
     params:
         settings=step_settings("baseline_small_cnn"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 BASELINE_METRICS = [f"{R}/metrics/baselines/pixel_logreg.parquet"] if config["baselines"]["pixel_logreg"] else []

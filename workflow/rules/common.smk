@@ -35,6 +35,15 @@ from pipeline_src.plan.selected_point import PRIVATE_AXES, TRAIN_AXES, chosen_po
 from pipeline_src.plan.step_settings import dataset_signature, settings_for
 from pipeline_src.plan.vectorized import train_method_constraint, vectorized_jobs
 
+
+def run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env):
+    """Every rule's `run:` block: the job's step (`pipeline_src/runner/launch.py`, in a thread of this
+    process under the workflow profile profiles/default). Imported here, not at the parse: dry runs skip it."""
+    from pipeline_src.runner.launch import run_job as launch_job
+
+    launch_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
+
+
 if workflow.is_main_process:  # once per run: not again in each Slurm or subprocess job
     from snakemake.logging import logger
     from pipeline_src.plan.run_start import own_run
@@ -44,6 +53,9 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     from pipeline_src.plan.scheduler_timers import keep_one_reevaluation_timer
 
     keep_one_reevaluation_timer()  # Snakemake's own CPU no longer grows with jobs done x run length
+    from pipeline_src.runner.job_stops import forward_interrupts
+
+    forward_interrupts()  # Ctrl-C stops the jobs that run in this process's threads
 
 from pipeline_src.plan.studies import old_layout_error, slurm_jobname_prefix, study_results
 

@@ -6,11 +6,9 @@ rule compose:
         record=f"{R}/compose/{{method}}/n{{shards}}_s{{seed}}/soup.json",
     log:
         f"{R}/logs/compose/{{method}}/n{{shards}}_s{{seed}}/soup.log",
-    benchmark:
-        f"{R}/logs/compose/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
         settings=step_settings("compose"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)

@@ -4,8 +4,6 @@ rule prepare:
         images=f"{R}/prepare/images.npy",
     log:
         f"{R}/logs/prepare/prepare.log",
-    benchmark:
-        f"{R}/logs/prepare/prepare.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: 2  # decoding threads
@@ -13,8 +11,8 @@ rule prepare:
         signature=json.dumps({"dataset": dataset_signature(config), "seed": config["seed"]}, sort_keys=True),
         listing=dataset_listing_digest,
         settings=step_settings("prepare"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 localrules:
@@ -31,8 +29,8 @@ rule signature:
     params:
         value=lambda w: signature_value(w.name),
         settings=step_settings("signature"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule pretrain:
@@ -46,8 +44,6 @@ rule pretrain:
         metrics=f"{R}/metrics/pretrain/backbone.parquet",
     log:
         f"{R}/logs/pretrain/pretrain.log",
-    benchmark:
-        f"{R}/logs/pretrain/pretrain.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: 2
@@ -57,5 +53,5 @@ rule pretrain:
     params:
         signature=json.dumps({"backbone": config["backbone"], "seed": config["seed"]}, sort_keys=True),
         settings=step_settings("pretrain"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)

@@ -16,16 +16,14 @@ rule evaluate_shards:
         per_image=f"{R}/per_image/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.parquet",
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.log",
-    benchmark:
-        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/shards.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
         model="shards",
         ensemble=lambda w: evaluates_ensemble(w.shards),
         settings=step_settings("evaluate_shards"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule evaluate_soup:
@@ -38,12 +36,10 @@ rule evaluate_soup:
         per_image=f"{R}/per_image/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.parquet",
     log:
         f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.log",
-    benchmark:
-        f"{R}/logs/evaluate/{{method}}/n{{shards}}_s{{seed}}/soup.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
         model="soup",
         settings=step_settings("evaluate_soup"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)

@@ -32,8 +32,8 @@ rule forget_manifest:
         members=lambda w: shard_members(config, int(w.shards), int(w.seed), int(w.shard)),
         forgotten=lambda w: forgotten_in_shard(config, int(w.shards), int(w.seed), int(w.shard)),
         settings=step_settings("forget_manifest"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 # ---------------------------------------------------------------- the study
@@ -46,8 +46,6 @@ rule unlearn_drop:
         models=directory(f"{R}/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}"),
     log:
         f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.log",
-    benchmark:
-        f"{R}/logs/unlearn_drop/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     resources:
@@ -57,8 +55,8 @@ rule unlearn_drop:
         requests=STUDY["requests_per_point"],
         settings=step_settings("unlearn_drop"),
         selected_at=lambda w: selected_point(w.method, w.shards),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule unlearn_retrain:
@@ -70,8 +68,6 @@ rule unlearn_retrain:
         models=directory(f"{R}/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}"),
     log:
         f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.log",
-    benchmark:
-        f"{R}/logs/unlearn_retrain/{{method}}/n{{shards}}_s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
     wildcard_constraints:
         fraction=r"[0-9.e-]+",
         request=r"\d+",
@@ -85,8 +81,8 @@ rule unlearn_retrain:
         signature=training_signature,
         settings=step_settings("unlearn_retrain"),
         selected_at=lambda w: selected_point(w.method, w.shards),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule unlearn_paragon:
@@ -99,8 +95,6 @@ rule unlearn_paragon:
         record=f"{R}/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
     log:
         f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
-    benchmark:
-        f"{R}/logs/unlearn_paragon/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
     wildcard_constraints:
         fraction=r"[0-9.e-]+",
         request=r"\d+",
@@ -114,8 +108,8 @@ rule unlearn_paragon:
         signature=training_signature,
         settings=step_settings("unlearn_paragon"),
         selected_at=lambda w: selected_point(w.method, 1),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule unlearn_paragon_nonlinear:
@@ -128,8 +122,6 @@ rule unlearn_paragon_nonlinear:
         record=f"{R}/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.json",
     log:
         f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.log",
-    benchmark:
-        f"{R}/logs/unlearn_paragon_nonlinear/{{method}}/s{{seed}}/f{{fraction}}_r{{request}}.bench.tsv"
     wildcard_constraints:
         fraction=r"[0-9.e-]+",
         request=r"\d+",
@@ -143,8 +135,8 @@ rule unlearn_paragon_nonlinear:
         signature=nonlinear_paragon_signature,
         nonlinear=True,
         settings=step_settings("unlearn_paragon_nonlinear"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 UNLEARNING_METRICS = unlearning_targets(config, R)

@@ -22,8 +22,6 @@ rule fusion_train:
         record=f"{R}/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
     log:
         f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
-    benchmark:
-        f"{R}/logs/fusion_train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: RES["train_threads"]
@@ -34,8 +32,8 @@ rule fusion_train:
         signature=training_signature,
         settings=step_settings("fusion_train"),
         selected_at=lambda w: selected_point(w.method, w.shards),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule fusion_match:
@@ -46,8 +44,6 @@ rule fusion_match:
         metrics=f"{R}/metrics/fusion_match/{FUSION_RUN}/{{matching}}.parquet",
     log:
         f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.log",
-    benchmark:
-        f"{R}/logs/fusion_match/{FUSION_RUN}/{{matching}}.bench.tsv"
     wildcard_constraints:
         **FUSION_WILDCARDS,
     conda:
@@ -57,8 +53,8 @@ rule fusion_match:
         gpu=RES["gpu"],
     params:
         settings=step_settings("fusion_match"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule fuse:
@@ -72,8 +68,6 @@ rule fuse:
         per_image=f"{R}/per_image/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.parquet",
     log:
         f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.log",
-    benchmark:
-        f"{R}/logs/fuse/{FUSION_RUN}/{{matching}}/{{fusion}}.bench.tsv"
     wildcard_constraints:
         **FUSION_WILDCARDS,
     conda:
@@ -83,8 +77,8 @@ rule fuse:
         gpu=RES["gpu"],
     params:
         settings=step_settings("fuse"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 FUSION_METRICS = fusion_targets(config, R)

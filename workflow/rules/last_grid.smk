@@ -13,8 +13,6 @@ rule last_grid:
         metrics=f"{R}/metrics/last_grid/{{method}}/n{{shards}}_s{{seed}}.parquet",
     log:
         f"{R}/logs/last_grid/{{method}}/n{{shards}}_s{{seed}}.log",
-    benchmark:
-        f"{R}/logs/last_grid/{{method}}/n{{shards}}_s{{seed}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: RES["train_threads"]
@@ -24,8 +22,8 @@ rule last_grid:
     params:
         signature=last_grid_signature,
         settings=step_settings("last_grid"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 LAST_GRID_METRICS = last_grid_targets(config, R)

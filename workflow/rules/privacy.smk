@@ -45,8 +45,8 @@ rule release:
         "../envs/pipeline.yaml"
     params:
         settings=step_settings("release"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule train_private:
@@ -57,8 +57,6 @@ rule train_private:
         record=f"{PRIVATE}/shard{{shard}}.json",
     log:
         f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.log",
-    benchmark:
-        f"{R}/logs/train_private/{PRIVATE_LOG}/shard{{shard}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: RES["train_threads"]
@@ -70,8 +68,8 @@ rule train_private:
         epsilon=lambda w: target_epsilon(config, w.eps),
         settings=step_settings("train_private"),
         selected_at=lambda w: selected_point(w.method, w.shards, PRIVATE_AXES),  # taft: CLS (the DP search picks PT)
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule compose_private:
@@ -82,14 +80,12 @@ rule compose_private:
         record=f"{PRIVATE}/soup.json",
     log:
         f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.log",
-    benchmark:
-        f"{R}/logs/compose_private/{PRIVATE_LOG}/soup.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
         settings=step_settings("compose_private"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule evaluate_private:
@@ -100,13 +96,11 @@ rule evaluate_private:
         per_image=f"{R}/per_image/private/{PRIVATE_LOG}/{{dp_model}}.parquet",  # test images: never members
     log:
         f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.log",
-    benchmark:
-        f"{R}/logs/evaluate_private/{PRIVATE_LOG}/{{dp_model}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
         model=lambda w: "dp-shard" if w.dp_model.startswith("shard") else f"dp-{w.dp_model}",
         shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
         settings=step_settings("evaluate_private"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)

@@ -26,5 +26,5 @@ rule report:
     params:
         results_dir=lambda w, output: os.path.dirname(output.reports),  # results/<experiment>/report -> results/<experiment>
         settings=step_settings("report"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)

@@ -13,8 +13,6 @@ rule validate:
         metrics=f"{R}/validate/{{method}}/n{{shards}}_s{{seed}}/{{model}}.parquet",
     log:
         f"{R}/logs/validate/{{method}}/n{{shards}}_s{{seed}}/{{model}}.log",
-    benchmark:
-        f"{R}/logs/validate/{{method}}/n{{shards}}_s{{seed}}/{{model}}.bench.tsv"
     wildcard_constraints:
         model="shard|soup|ensemble",
     conda:
@@ -23,8 +21,8 @@ rule validate:
         model=lambda w: "shards" if w.model == "shard" else w.model,  # a full-data model: one shard
         split="val",
         settings=step_settings("validate"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 # A checkpoint: the jobs at a selected point take its record as input (common.smk, `selected_point`).
@@ -41,8 +39,8 @@ checkpoint select:
     params:
         candidates=lambda w: selection_points(config)[w.method],
         settings=step_settings("select"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 SELECTIONS = selection_targets(config, R)
@@ -68,8 +66,6 @@ rule validate_private:
         metrics=f"{R}/validate_private/{PRIVATE_LOG}/{{dp_model}}.parquet",
     log:
         f"{R}/logs/validate_private/{PRIVATE_LOG}/{{dp_model}}.log",
-    benchmark:
-        f"{R}/logs/validate_private/{PRIVATE_LOG}/{{dp_model}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     params:
@@ -77,8 +73,8 @@ rule validate_private:
         shard_id=lambda w: int(w.dp_model.removeprefix("shard")) if w.dp_model.startswith("shard") else None,
         split="val",
         settings=step_settings("validate_private"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule select_private:
@@ -95,8 +91,8 @@ rule select_private:
         candidates=lambda w: dp_candidates(config, w.method),
         labels=lambda w: {"protocol": w.protocol, "regime": w.regime, "epsilon": target_epsilon(config, w.eps)},
         settings=step_settings("select_private"),
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 PRIVATE_SELECTIONS = private_selection_targets(config, R)

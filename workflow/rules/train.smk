@@ -7,8 +7,6 @@ rule features:
         meta=f"{R}/features/{{cache}}/features.json",
     log:
         f"{R}/logs/features/{{cache}}.log",
-    benchmark:
-        f"{R}/logs/features/{{cache}}.bench.tsv"
     conda:
         "../envs/pipeline.yaml"
     threads: 2
@@ -19,8 +17,8 @@ rule features:
         # blocks cache: the LAST spacings g whose block outputs it keeps
         everys=lambda w: side_everys(config) if w.cache == "blocks" else None,
         settings=step_settings("features"),  # dtype, and precision: bfloat16 autocast on CUDA changes the values
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 rule train:
@@ -31,8 +29,6 @@ rule train:
         record=f"{R}/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.json",
     log:
         f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.log",
-    benchmark:
-        f"{R}/logs/train/{{method}}/n{{shards}}_s{{seed}}/shard{{shard}}.bench.tsv"
     wildcard_constraints:
         # every shard file except those the vectorized jobs below write
         method=train_method_constraint(METHODS, VECTORIZED_JOBS),
@@ -46,8 +42,8 @@ rule train:
         signature=training_signature,
         settings=step_settings("train"),
         selected_at=lambda w: selected_point(w.method, w.shards),  # the `selection` input's choice it trains at
-    script:
-        "../scripts/step.py"
+    run:
+        run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
 # The first training of a (method, N) with `vectorized_shards` is one job per seed that trains
@@ -65,8 +61,6 @@ for _method, _n, _seed, _trained in VECTORIZED_JOBS:
             records=[f"{R}/train/{_method}/n{_n}_s{_seed}/shard{i}.json" for i in _trained],
         log:
             f"{R}/logs/train/{_method}/n{_n}_s{_seed}/vectorized.log",
-        benchmark:
-            f"{R}/logs/train/{_method}/n{_n}_s{_seed}/vectorized.bench.tsv"
         conda:
             "../envs/pipeline.yaml"
         threads: RES["train_threads"]
@@ -83,5 +77,5 @@ for _method, _n, _seed, _trained in VECTORIZED_JOBS:
             shards=_n,
             seed=_seed,
             selected_at=lambda w, m=_method, n=_n: selected_point(m, n),
-        script:
-            "../scripts/step.py"
+        run:
+            run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
