@@ -115,7 +115,6 @@ def preload_steps() -> list[str]:
     import pkgutil
 
     steps = importlib.import_module("pipeline_src.steps")  # as `execute` imports a step: by name
-
     names = [m.name for m in pkgutil.walk_packages(steps.__path__, f"{steps.__name__}.")
              if m.name not in UNPRELOADED_STEPS]
     for name in names:

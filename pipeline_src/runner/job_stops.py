@@ -12,20 +12,21 @@ Snakemake takes as "Terminating processes on user request").
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import threading
 from typing import Callable, Iterator
 
 _lock = threading.Lock()
 _stops: dict[int, Callable[[int], None]] = {}  # id -> stop(signum) of a running job
-_next = [0]
+_ids = itertools.count()
 
 
 @contextlib.contextmanager
 def stoppable(stop: Callable[[int], None]) -> Iterator[None]:
     """Register `stop(signum)` as the way to stop the job that runs during the block."""
+    key = next(_ids)  # atomic under the GIL
     with _lock:
-        key = _next[0] = _next[0] + 1
         _stops[key] = stop
     try:
         yield
