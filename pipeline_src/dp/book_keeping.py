@@ -40,17 +40,13 @@ from torch import nn
 
 from pipeline_src.dp.bk_rules import BK_RULES, Clip, _TimmLayerScale
 from pipeline_src.dp.first_step_probe import FirstStepProbe
-from pipeline_src.dp.parameter_use import ParameterUseGuard, batch_size_of, refuse_calls_in_backward, shared_parameters
-
-
-def trainable_modules(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
-    """(path, module, own trainable parameter names) of every module owning trainable parameters."""
-    out = []
-    for name, m in model.named_modules():
-        own = [n for n, p in m.named_parameters(recurse=False) if p.requires_grad]
-        if own:
-            out.append((name, m, own))
-    return out
+from pipeline_src.dp.parameter_use import (
+    ParameterUseGuard,
+    batch_size_of,
+    refuse_calls_in_backward,
+    shared_parameters,
+    trainable_owners,
+)
 
 
 def check_bk_supported(model: nn.Module) -> None:
@@ -59,7 +55,7 @@ def check_bk_supported(model: nn.Module) -> None:
     Raises:
         NotImplementedError: naming the module type, its path and its trainable parameters.
     """
-    for name, m, own in trainable_modules(model):
+    for name, m, own in trainable_owners(model):
         if type(m) not in BK_RULES:
             raise NotImplementedError(
                 f"book-keeping clipping: no rule for module type {type(m).__module__}.{type(m).__qualname__} "
@@ -131,7 +127,7 @@ class BookKeepingModule(nn.Module):
         check_bk_supported(module)
         self._module = module
         self.max_grad_norm = float(max_grad_norm)
-        self._layers = trainable_modules(module)
+        self._layers = trainable_owners(module)
         self.trainable_parameters = [getattr(m, n) for _, m, own in self._layers for n in own]
         if not self.trainable_parameters:
             raise ValueError("book-keeping clipping: the model has no trainable parameter")
@@ -141,7 +137,7 @@ class BookKeepingModule(nn.Module):
         self._seen: set[int] = set()
         self._anchor: torch.Tensor | None = None
         self._active = False
-        self._checked = False  # has a training forward run under _DirectUseGuard?
+        self._checked = False  # has a training forward run under the guard's op-level watch?
         self._handles = [m.register_forward_hook(self._capture) for _, m, _ in self._layers]
         # after the taps: the probe sees the tapped output, so its output gradient is the tap's
         self.probe = FirstStepProbe(module, "bk")
@@ -173,24 +169,28 @@ class BookKeepingModule(nn.Module):
         if len(live) != len(self.trainable_parameters):
             raise RuntimeError("book-keeping clipping: trainable parameters were frozen since wrapping; re-wrap")
         self._records, self._anchor, self._seen = [], None, set()
-        # every training forward (a model may start a foreign use later); built while the trainable
-        # parameters still require grad
-        guard = ParameterUseGuard(self._module, mode="bk", batch=batch_size_of(args))
-        if self.probe.start():  # the probe compares with autograd's parameter gradient: keep it
+        # The guard's module hooks (keyword calls, no_grad, inputs without the batch first) run on every
+        # training forward. Its op-level watch for a parameter used outside its module's forward runs on
+        # the first (and on every probed one): in bk that use cannot escape the clip on any later forward,
+        # since the parameters are detached and p.grad is only ever the rules' sum over the records whose
+        # norms are clipped (tests/dp/test_foreign_hooks.py), so the watch only names a gradient that is
+        # not the model's. It costs a Python call per op (a third of a tiny model's DP step).
+        guard = ParameterUseGuard(self._module, mode="bk", batch=batch_size_of(args), layers=self._layers)
+        probing = self.probe.start()
+        if probing:  # the probe compares with autograd's parameter gradient: keep it
             live = []
         for p in live:  # autograd will not form parameter gradients: BK builds the clipped sum itself
             p.requires_grad_(False)
         self._active = True
         try:
-            if guard is None:
+            if self._checked and not probing:
                 return self._module(*args, **kwargs)
             with guard:
                 out = self._module(*args, **kwargs)
             self._checked = True
             return out
         finally:
-            if guard is not None:
-                guard.remove()
+            guard.remove()
             self.probe.stop()
             self._active = False
             for p in live:

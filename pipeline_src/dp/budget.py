@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Callable, Protocol
 
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -18,6 +18,11 @@ ACCOUNTANTS = ("rdp", "prv")
 # The neighbouring relation the accountants' ε holds for, recorded with every DP model. Per shard it
 # holds because the pipeline's keyed-hash sharding (`plan/sharding.py`) puts one record in one shard.
 NEIGHBOURING = "add/remove one sample (keyed-hash sharding: one record changes exactly one shard)"
+
+
+# How far (relative) a planned ε may lie above its target: the faster accountant's ε agrees with
+# Opacus' to 1e-9, and Opacus' search returns a σ whose ε is below the target.
+PLANNED_SLACK = 1e-6
 
 
 class InfeasibleBudget(ValueError):
@@ -29,23 +34,31 @@ def steps_per_epoch(n_samples: int, batch_size: int) -> int:
     return math.ceil(n_samples / batch_size)
 
 
-# A faster RDP noise-multiplier search with Opacus' signature plus `exact` (the ε(σ) to decide close
-# comparisons with): `plan.rdp_accountant.noise_multiplier`, which the DP steps pass in (this library
-# imports nothing of the pipeline).
-RdpSearch = Callable[..., float]
+class FastRdp(Protocol):
+    """A faster RDP accountant that gives Opacus' answers: `plan.rdp_accountant` (a module fits), which
+    the DP steps pass in (this library imports nothing of the pipeline), or a study's memo of it
+    (`plan.rdp_memo`). Its ε agrees with Opacus' to 1e-9 relative (tests/plan/test_rdp_accountant.py)."""
+
+    def noise_multiplier(self, *, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+                         exact: Callable[[float], float] | None = None) -> float:
+        """Opacus' `get_noise_multiplier(accountant="rdp")`, with `exact` (Opacus' ε) deciding close comparisons."""
+
+    def epsilon(self, *, sigma: float, sample_rate: float, steps: int, delta: float) -> float:
+        """ε after `steps` sampled Gaussian steps at (σ, q)."""
 
 
 @functools.lru_cache(maxsize=256)  # a pure function of its arguments, and seconds of accounting per call
 def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
-                      rdp_search: RdpSearch | None = None) -> float:
-    """Opacus' `get_noise_multiplier`. With `rdp_search` (RDP only) its bisection runs on that
-    accountant, and the comparisons that land close to a threshold ask Opacus' own ε: the same σ,
-    bit for bit, without most of Opacus' evaluations (pure-Python series, 13 of the 15 per DP job
-    of the default study: docs/performance.md)."""
-    if accountant == "rdp" and rdp_search is not None:
-        return float(rdp_search(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps,
-                                exact=lambda sigma: epsilon_for(sigma=sigma, sample_rate=sample_rate, steps=steps,
-                                                                delta=delta, accountant="rdp")))
+                      rdp: FastRdp | None = None) -> float:
+    """Opacus' `get_noise_multiplier`. With `rdp` (RDP only) its bisection runs on that accountant,
+    and the comparisons that land close to a threshold ask Opacus' own ε: the same σ, bit for bit,
+    without most of Opacus' evaluations (pure-Python series, 13 of the 15 per DP job of the default
+    study: docs/performance.md)."""
+    if accountant == "rdp" and rdp is not None:
+        return float(rdp.noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps,
+                                          exact=lambda sigma: epsilon_for(sigma=sigma, sample_rate=sample_rate,
+                                                                          steps=steps, delta=delta, accountant="rdp")))
     return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
                                       steps=steps, accountant=accountant))
 
@@ -66,9 +79,25 @@ def epsilon_for(*, sigma: float, sample_rate: float, steps: int, delta: float, a
     return float(acc.get_epsilon(delta=delta))
 
 
+def spent_epsilon(accountant, delta: float, rdp: FastRdp | None = None) -> float:
+    """ε spent so far by an Opacus accountant: from `rdp` where its history is one run of equal steps
+    (a constant σ and q, which Opacus' RDP accountant keeps as one entry), else its own.
+
+    Args:
+        accountant: an Opacus accountant after training.
+        delta: target δ.
+        rdp: the faster RDP accountant (`FastRdp`), or None.
+    """
+    history = getattr(accountant, "history", None)
+    if rdp is not None and accountant.mechanism() == "rdp" and history is not None and len(history) == 1:
+        sigma, sample_rate, steps = history[0]
+        return float(rdp.epsilon(sigma=sigma, sample_rate=sample_rate, steps=steps, delta=delta))
+    return float(accountant.get_epsilon(delta=delta))
+
+
 def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: int, epochs: int,
                 max_grad_norm: float, accountant: str = "rdp", full_batch: bool = False,
-                rdp_search: RdpSearch | None = None) -> dict:
+                rdp: FastRdp | None = None) -> dict:
     """Noise multiplier σ reaching (ε, δ) after `epochs` of Poisson-sampled steps, or after
     `epochs` full-batch steps (q = 1, `full_batch.py`).
 
@@ -85,7 +114,8 @@ def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: i
         max_grad_norm: clipping bound C (> 0).
         accountant: "rdp" or "prv".
         full_batch: one step per epoch over the whole set: sampling rate 1, steps = epochs.
-        rdp_search: the RDP σ search to run instead of Opacus' (`RdpSearch`); the σ is the same.
+        rdp: the faster RDP accountant (`FastRdp`) to search σ (the same σ as Opacus') and give the
+            planned ε with; None: Opacus'.
     Returns:
         Record with epsilon (target), epsilon_planned (ε of the chosen σ), delta, sigma,
         max_grad_norm, sample_rate, steps, epochs, batch_size, public_size, expected_batch_size
@@ -109,14 +139,19 @@ def plan_budget(*, epsilon: float, delta: float, public_size: int, batch_size: i
     sample_rate = 1.0 / spe
     steps = spe * epochs
     try:
-        sigma = _noise_multiplier(float(epsilon), float(delta), sample_rate, steps, accountant, rdp_search)
+        sigma = _noise_multiplier(float(epsilon), float(delta), sample_rate, steps, accountant, rdp)
     except ValueError as e:
         raise InfeasibleBudget(f"no noise multiplier reaches epsilon={epsilon}, delta={delta} in {steps} steps "
                                f"at sampling rate {sample_rate:.4g} ({accountant}): {e}") from e
+    planned = (rdp.epsilon(sigma=sigma, sample_rate=sample_rate, steps=steps, delta=delta)
+               if rdp is not None and accountant == "rdp" else
+               epsilon_for(sigma=sigma, sample_rate=sample_rate, steps=steps, delta=delta, accountant=accountant))
+    if not planned <= epsilon * (1 + PLANNED_SLACK):  # a σ from a memo (`plan/rdp_memo.py`) is checked here too
+        raise RuntimeError(f"the planned σ {sigma} spends ε {planned} > the target {epsilon} in {steps} steps at "
+                           f"sampling rate {sample_rate:.4g}, δ {delta} ({accountant})")
     return {
         "epsilon": float(epsilon),
-        "epsilon_planned": epsilon_for(sigma=sigma, sample_rate=sample_rate, steps=steps, delta=delta,
-                                       accountant=accountant),
+        "epsilon_planned": planned,
         "delta": float(delta),
         "sigma": float(sigma),
         "max_grad_norm": float(max_grad_norm),

@@ -24,9 +24,10 @@ gradient. A parameter that reaches the loss any other way escapes the clip:
   backward pass (activation checkpointing recomputes it there).
 
 `shared_parameters` and `foreign_hooks` are static checks; `ParameterUseGuard` watches one real
-forward, `GuardForwards` runs every training forward under one (a parent may start using a
-child's weight at any forward, e.g. from its second on), and `refuse_calls_in_backward` stays on for
-the whole job. These are the cheap named refusals; what no pattern names (a global hook returning a
+forward, `GuardForwards` runs every training forward of Opacus' modes under one (a parent may start
+using a child's weight at any forward, e.g. from its second on), and `refuse_calls_in_backward` stays
+on for the whole job. Book-keeping runs the guard's module hooks on every forward but its op-level
+watch on the first only: there a use outside the module reaches no gradient (`book_keeping`). These are the cheap named refusals; what no pattern names (a global hook returning a
 value, a view of a weight made outside the forward, a batch-free table with B rows) is caught by the
 first step's probe (`first_step_probe`).
 """
@@ -77,7 +78,8 @@ def _hook_ids(m: nn.Module) -> set[tuple[str, int]]:
     return {(kind, k) for kind in ("_forward_hooks", "_forward_pre_hooks") for k in getattr(m, kind)}
 
 
-def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]] = frozenset()) -> None:
+def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]] = frozenset(),
+                  layers: list[tuple[str, nn.Module, list[str]]] | None = None) -> None:
     """Refuse forward hooks, pre-hooks and instance-level `forward` overrides on the modules that
     hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused here:
     FlopCounterMode's module tracker (the job's FLOP counter) registers them; one that returns a value
@@ -87,10 +89,11 @@ def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]
         model: the model (before wrapping: every hook on it is foreign).
         mode: the DP mode, named in the error.
         allowed: (id(module), hook table, hook id) of the hooks the DP wrapper registered itself.
+        layers: `trainable_owners(model)`, if the caller has it (None: walked here).
     Raises:
         ParameterUseError: naming the module, its trainable parameters and the hook.
     """
-    for name, m, own in trainable_owners(model):
+    for name, m, own in trainable_owners(model) if layers is None else layers:
         where = f"module '{name or '<root>'}' ({type(m).__qualname__}, trainable parameters {own})"
         if "forward" in m.__dict__:
             raise ParameterUseError(f"DP mode {mode!r}: {where} has an instance-level `forward` override; the "
@@ -131,12 +134,15 @@ class ParameterUseGuard(TorchFunctionMode):
         allow_repeat: accept a trainable module called more than once (Opacus' hooks mode).
         batch: the forward's batch size (its input's first dimension): a trainable module's input
             must have it first; None: only inputs without any batch dimension are refused.
+        layers: `trainable_owners(model)` computed once by the wrapper (the trainable set is fixed
+            at wrapping), so a forward does not walk the model again; None: walked here.
     """
 
-    def __init__(self, model: nn.Module, *, mode: str, allow_repeat: bool = False, batch: int | None = None) -> None:
+    def __init__(self, model: nn.Module, *, mode: str, allow_repeat: bool = False, batch: int | None = None,
+                 layers: list[tuple[str, nn.Module, list[str]]] | None = None) -> None:
         super().__init__()
         self.mode, self.allow_repeat, self.batch = mode, allow_repeat, batch
-        layers = trainable_owners(model)
+        layers = trainable_owners(model) if layers is None else layers
         self._owner = {id(getattr(m, n)): (name or "<root>", m, n) for name, m, own in layers for n in own}
         self._names = {id(m): name or "<root>" for name, m, _ in layers}
         self._own = {id(m): own for _, m, own in layers}
@@ -245,6 +251,7 @@ class GuardForwards:
     def __init__(self, wrapper: nn.Module, model: nn.Module, *, mode: str, allow_repeat: bool = False,
                  hooks_from: set[tuple[int, str, int]] | None = None, probe=None) -> None:
         self._model, self._mode, self._allow_repeat, self._allowed = model, mode, allow_repeat, hooks_from
+        self._layers = trainable_owners(model)  # the trainable set is fixed at wrapping
         self._probe = probe
         self._guard: ParameterUseGuard | None = None
         self.checked = 0  # training forwards run under the guard
@@ -255,9 +262,9 @@ class GuardForwards:
         if not (wrapper.training and torch.is_grad_enabled()):
             return
         if self._allowed is not None:
-            foreign_hooks(self._model, self._mode, self._allowed)
+            foreign_hooks(self._model, self._mode, self._allowed, self._layers)
         self._guard = ParameterUseGuard(self._model, mode=self._mode, allow_repeat=self._allow_repeat,
-                                        batch=batch_size_of(inputs))
+                                        batch=batch_size_of(inputs), layers=self._layers)
         if self._probe is not None:
             self._probe.start()
         self._guard.__enter__()

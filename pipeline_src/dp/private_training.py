@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline_src.dp.book_keeping import BookKeepingModule
-from pipeline_src.dp.budget import NEIGHBOURING, RdpSearch, plan_budget, steps_per_epoch
+from pipeline_src.dp.budget import NEIGHBOURING, FastRdp, plan_budget, spent_epsilon, steps_per_epoch
 from pipeline_src.dp.first_step_probe import FirstStepProbe
 from pipeline_src.dp.flat_noise import FlatNoiseDPOptimizer
 from pipeline_src.dp.frozen_modes import train_trainable_only
@@ -256,7 +256,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                   noise_generator: torch.Generator | None = None,
                   sampler_generator: torch.Generator | None = None,
                   public_size: int | None = None,
-                  rdp_search: RdpSearch | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+                  rdp: FastRdp | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """DP-SGD on the trainable parameters of `model` for a target (ε, δ).
 
     The noise and the Poisson sampling draw from two secret generators (`secret_randomness`):
@@ -283,7 +283,8 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
             a release leaves both None (secret).
         public_size: the public dataset size n̄ the plan, the sampling rate and each step's
             normaliser use (`plan_budget`); None: the true size, which the model then reveals.
-        rdp_search: a faster RDP σ search for `plan_budget` (the same σ); None: Opacus'.
+        rdp: a faster RDP accountant with Opacus' answers (`budget.FastRdp`) for the plan and the ε
+            spent; None: Opacus'.
     Returns:
         (state dict of the trainable parameters, privacy record: the planned budget plus
         epsilon_spent from the engine's accountant, steps_taken, mode and the neighbouring relation).
@@ -294,7 +295,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
     xs = list(inputs) if as_list else [inputs]
     public = len(xs[0]) if public_size is None else int(public_size)
     budget = plan_budget(epsilon=epsilon, delta=delta, public_size=public, batch_size=batch_size,
-                         epochs=epochs, max_grad_norm=max_grad_norm, accountant=accountant, rdp_search=rdp_search)
+                         epochs=epochs, max_grad_norm=max_grad_norm, accountant=accountant, rdp=rdp)
     if any(len(t) != len(labels) for t in xs):
         raise ValueError(f"inputs and labels differ in length: {[len(t) for t in xs]} vs {len(labels)}")
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -333,7 +334,7 @@ def train_private(model: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor
                 step += 1
                 if progress is not None:
                     progress({"step": step, "epoch": epoch, "loss": loss_value, "batch": n})
-        spent = float(engine.accountant.get_epsilon(delta=delta))
+        spent = spent_epsilon(engine.accountant, delta, rdp)
     finally:
         module.cleanup()
     state = {n: p.detach().clone() for n, p in trainable}

@@ -12,12 +12,12 @@ shard's ids go to the private provenance store (`private_provenance`), reference
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.private import per_example_loss, select_trainable
-from pipeline_src.plan import rdp_accountant
 from pipeline_src.plan.privacy import (
     dp_method_config,
     dp_settings,
@@ -25,6 +25,7 @@ from pipeline_src.plan.privacy import (
     jvp_only_applies,
     public_shard_size,
 )
+from pipeline_src.plan.rdp_memo import StudyRdp
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.steps.train import load_job
 from pipeline_src.store.model_io import save_model
@@ -70,7 +71,7 @@ def main(args: StepArgs) -> None:
                                                   micro_batch_size=settings["micro_batch_size"], **common)
         else:
             _, privacy = train_private(FromPrefix(model), features, labels, batch_size=settings["batch_size"],
-                                       rdp_search=rdp_accountant.noise_multiplier, **common)  # Opacus' σ, faster
+                                       rdp=StudyRdp(_plan_cache(args.output.model)), **common)  # Opacus' σ, faster
     except InfeasibleBudget as e:
         raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, public shard size {public_size}): "
                                f"{e}") from e
@@ -91,3 +92,10 @@ def main(args: StepArgs) -> None:
     save_model(model.trainable_state(), record, args.output.model)
     print(f"DP-trained {desc} on {len(ids)} samples: σ {privacy['sigma']:.4f}, q {privacy['sample_rate']:.4g}, "
           f"{privacy['steps_taken']} steps, ε spent {privacy['epsilon_spent']:.4f} (δ {privacy['delta']:g})")
+
+
+def _plan_cache(model_path: str) -> Path | None:
+    """The study's plan cache, `results/<experiment>/prepare/.plan_cache` (the σ of each DP setting,
+    `plan/rdp_memo.py`), or None outside a study's folder."""
+    root = results_root_of(model_path)
+    return root / "prepare" / ".plan_cache" if (root / "prepare").is_dir() else None
