@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pipeline_src.methods.byte_search import find_any
 from pipeline_src.plan.studies import add_study_args, in_study
 from pipeline_src.store.atomic import write_json
 
@@ -87,11 +88,19 @@ def leaked_member(path: Path, members: set[str]) -> str | None:
     its parsed JSON or safetensors header; None when there is none."""
     data = path.read_bytes()
     texts = _parsed_strings(path, data)
-    for i in members:
-        escaped = json.dumps(i)[1:-1].encode()  # how json.dumps (ensure_ascii) writes it
-        if i.encode() in data or escaped in data or any(i in t for t in texts):
-            return i
-    return None
+    forms = {}  # each id's bytes as written raw (UTF-8) and by json.dumps (ensure_ascii), -> the id
+    for i in filter(None, members):
+        forms.setdefault(i.encode(), i)
+        forms.setdefault(json.dumps(i)[1:-1].encode(), i)
+    found = find_any(data, forms) if forms else None  # one pass over the bytes for all ids (`byte_search`)
+    if found is not None:
+        return forms[found]
+    # the parsed strings, NUL-separated: an id without a NUL found there lies inside one of them
+    joined = "\0".join(texts).encode("utf-8", "surrogatepass")
+    found = find_any(joined, {i.encode("utf-8", "surrogatepass"): i for i in members if i and "\0" not in i})
+    if found is not None:
+        return found.decode("utf-8", "surrogatepass")
+    return next((i for i in members if "\0" in i and any(i in t for t in texts)), None)
 
 
 def in_dp_study(model_path: Path, record: dict) -> bool:

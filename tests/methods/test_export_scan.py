@@ -35,3 +35,12 @@ def test_a_member_id_in_a_raw_text_file_is_found(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("see café/ü.png\n", encoding="utf-8")
     assert leaked_member(path, {"café/ü.png"}) == "café/ü.png"
+
+
+@pytest.mark.parametrize("member", ["cafe/a.png", "nul\x00in/id.png"])
+def test_a_member_id_written_with_unusual_escapes_is_found_in_the_parsed_strings(tmp_path, member):
+    path = tmp_path / "model.json"
+    escaped = "".join(f"\\u{ord(c):04x}" for c in member)  # every character escaped: no raw or json.dumps form
+    path.write_text('{"note": "x", "k": ["' + escaped + '"]}')
+    assert member.encode() not in path.read_bytes()
+    assert leaked_member(path, {member, "someone-else"}) == member
