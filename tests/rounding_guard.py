@@ -54,7 +54,10 @@ def _operand_key(x) -> str:
 
 def _seed(func, args, kwargs) -> int:
     """63 bits from the op, its operands' shapes, strides and dtypes, and torch's thread count."""
-    key = f"{func}|{_operand_key(list(args))}|{_operand_key(sorted(kwargs.items()))}|{torch.get_num_threads()}"
+    # an optional passed as None is the call that omits it (FlopCounterMode re-dispatches SDPA's
+    # backward with `attn_mask=None` spelled out): not another operand
+    given = sorted((k, v) for k, v in kwargs.items() if v is not None)
+    key = f"{func}|{_operand_key(list(args))}|{_operand_key(given)}|{torch.get_num_threads()}"
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
