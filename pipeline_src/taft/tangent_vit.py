@@ -264,6 +264,10 @@ class TangentViT(nn.Module):
             if self.fc_norm is not None:
                 h, t = self.fc_norm(h, t)
             y, dy = self.head(h, t)
+        return self.logits(y, dy)
+
+    def logits(self, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        """The output from the head's primal y and tangent dy: f + J·Δw, or J·Δw alone (`jvp_only`)."""
         if self.jvp_only:
             # Under `primal_gradient` the value is J·Δw and the gradient flows through f_w.
             return dy + (y - y.detach()) if primal_grad_enabled() else dy

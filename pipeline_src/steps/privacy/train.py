@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline_src.dp import InfeasibleBudget, train_private
 from pipeline_src.dp.full_batch import train_private_full_batch
+from pipeline_src.methods.fc_head import HeadOnly, head_call, head_inputs, only_head_trains
 from pipeline_src.methods.kinds import kind_of
 from pipeline_src.methods.private import per_example_loss, select_trainable
 from pipeline_src.plan.privacy import (
@@ -27,7 +28,7 @@ from pipeline_src.plan.privacy import (
 )
 from pipeline_src.plan.rdp_memo import StudyRdp
 from pipeline_src.runner.step_args import StepArgs
-from pipeline_src.steps.train import load_job
+from pipeline_src.steps.train import PREFIX_BATCH, load_job
 from pipeline_src.store.model_io import save_model
 from pipeline_src.store.private_provenance import results_root_of, store_members
 from pipeline_src.vit.digest import state_digest
@@ -65,16 +66,26 @@ def main(args: StepArgs) -> None:
     common = dict(loss_fn=per_example_loss(method_cfg), epochs=settings["epochs"], lr=settings["lr"],
                   epsilon=epsilon, delta=settings["delta"], max_grad_norm=settings["max_grad_norm"],
                   mode=settings["mode"], accountant=settings["accountant"], progress=progress, public_size=public_size)
+    module, inputs, head_files = FromPrefix(model), features, []
+    call = head_call(model, method_cfg["kind"]) if regime == "fc" else None
+    if call is not None and only_head_trains(model, call[0]):  # the tail once per sample, not once per step
+        rows = head_inputs(model.eval(), *call, features, PREFIX_BATCH, args.output.model)
+        module, inputs = HeadOnly(*call, [r is not None for r in rows]), [r for r in rows if r is not None]
+        head_files = [r.path for r in inputs]
+        print(f"{desc}: trains the head on its inputs, computed once per sample (methods/fc_head.py)", flush=True)
     try:
         if full_batch:
-            _, privacy = train_private_full_batch(FromPrefix(model), features, labels,
+            _, privacy = train_private_full_batch(module, inputs, labels,
                                                   micro_batch_size=settings["micro_batch_size"], **common)
         else:
-            _, privacy = train_private(FromPrefix(model), features, labels, batch_size=settings["batch_size"],
+            _, privacy = train_private(module, inputs, labels, batch_size=settings["batch_size"],
                                        rdp=StudyRdp(_plan_cache(args.output.model)), **common)  # Opacus' σ, faster
     except InfeasibleBudget as e:
         raise InfeasibleBudget(f"config key 'privacy.epsilons' (ε = {epsilon:g}, public shard size {public_size}): "
                                f"{e}") from e
+    finally:
+        for f in head_files:
+            f.unlink(missing_ok=True)
     for n, p in model.named_parameters():  # back to the method's trainable set, so trainable_state is complete
         p.requires_grad_(method_flags[n])
     record = {
