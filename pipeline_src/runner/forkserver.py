@@ -139,8 +139,10 @@ def listen_at(path: Path) -> socket.socket:
     return server
 
 
-def serve(path: Path) -> None:
+def serve(path: Path, lock_fd: int | None = None) -> None:
     server = listen_at(path)
+    if lock_fd is not None:  # a background start (`prestart`): its starters wait on this lock until now
+        os.close(lock_fd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     last = time.monotonic()
     jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection
@@ -263,17 +265,22 @@ def _ensure_server(path: Path, wait_s: float = 30.0,
     if sock:
         return sock
     with open(str(path) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time
+        deadline = time.monotonic() + wait_s
+        while True:  # one starter at a time; a server being started (`prestart`) holds it until it listens
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                sock = _connect(path)
+                if sock or time.monotonic() > deadline:
+                    return sock
+                time.sleep(0.05)
         sock = _connect(path)
         if sock:
             return sock
         if path.exists():
             path.unlink()  # stale socket of a dead server
-        # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
-        subprocess.Popen([sys.executable, "-m", module, str(path)], start_new_session=True,
-                         cwd=PACKAGE.parent,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        _start(path, module)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             sock = _connect(path)
@@ -326,5 +333,44 @@ def run_in_server(step: str, args, on_child: Callable[[int], None] | None = None
             return JobExit(int(got), peak, cpu)
 
 
+def prestart(path: Path | None = None, module: str = "pipeline_src.runner.forkserver") -> bool:
+    """Start the server in the background without waiting for it (a run's start, while Snakemake
+    builds its DAG: the imports, seconds, overlap that instead of delaying the first job). The new
+    server holds the start lock until it listens, so a job that asks meanwhile (`_ensure_server`)
+    waits for it instead of starting another. False when one answers or is being started already.
+
+    Args:
+        path: the server's socket (default: `socket_path()`).
+        module: the server's module (`python -m <module> <path> <lock fd>`; a test's lighter one).
+    """
+    path = path or socket_path()
+    sock = _connect(path)
+    if sock:
+        sock.close()
+        return False
+    with open(str(path) + ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another starter is at it
+            return False
+        sock = _connect(path)
+        if sock:
+            sock.close()
+            return False
+        if path.exists():
+            path.unlink()  # stale socket of a dead server
+        _start(path, module, lock_fd=lock.fileno())
+    return True  # our copy of the lock is closed; the server's keeps it until it listens
+
+
+def _start(path: Path, module: str, lock_fd: int | None = None) -> None:
+    """`python -m <module> <path> [lock fd]`, detached (its own session), quiet."""
+    # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
+    subprocess.Popen([sys.executable, "-m", module, str(path), *([str(lock_fd)] if lock_fd is not None else [])],
+                     start_new_session=True, cwd=PACKAGE.parent, pass_fds=(lock_fd,) if lock_fd is not None else (),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+    serve(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

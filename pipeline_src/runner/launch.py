@@ -66,6 +66,23 @@ def run_job(rule: str, input, output, params, wildcards, threads: int, resources
         raise StepFailed(f"{step} failed ({code}): {_last_log_line(args)}")
 
 
+def uses_fork_server(conda: bool = False) -> bool:
+    """Whether this process's local jobs run in the fork server (`launch`): not disabled
+    (`PIPELINE_FORKSERVER=0`), not inside a Slurm job, not in a rule's conda env."""
+    return os.environ.get("PIPELINE_FORKSERVER", "1") != "0" and not os.environ.get("SLURM_JOB_ID") and not conda
+
+
+def prestart_server(conda: bool = False) -> bool:
+    """Start the fork server in the background at a local run's start (`forkserver.prestart`), if
+    its jobs will use it: its imports (about 6 s of one core) then overlap Snakemake's building of the
+    DAG instead of delaying the first job. True when one was started."""
+    if not uses_fork_server(conda):
+        return False
+    from pipeline_src.runner.forkserver import prestart
+
+    return prestart()
+
+
 def _last_log_line(args) -> str:
     tail = Path(args.log[0]).read_text(errors="replace").strip().splitlines()[-1:] if args.log else []
     return f"{' '.join(tail)} (log: {args.log[0] if args.log else '-'})"
@@ -97,8 +114,7 @@ def launch(step: str, args, python: str | None = None) -> int:
             done = run_in_gpu_server(step, args, env=env)  # the client's death or signal stops the job's worker
             how = "VmHWM: gpu-server worker"
         # Not inside a Slurm job: a server started there would outlive the job's allocation.
-        if (done is None and python is None and os.environ.get("PIPELINE_FORKSERVER", "1") != "0"
-                and not os.environ.get("SLURM_JOB_ID")):
+        if done is None and python is None and uses_fork_server():
             from pipeline_src.runner.forkserver import run_in_server
 
             done = run_in_server(step, args, child.append, env=env)

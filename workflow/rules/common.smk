@@ -127,6 +127,13 @@ if workflow.is_main_process:
                 tighten([R, ".snakemake"])
                 # Before the DAG reads any params: its digests of id lists are keyed (member_ids_digest).
                 make_key(R)
+            # A local run of a study without its report yet (a first run, most likely with jobs):
+            # the fork server's imports overlap the DAG's building.
+            if kwargs["executor_plugin"].name == "local" and not os.path.isdir(f"{R}/report"):
+                from snakemake_interface_executor_plugins.settings import DeploymentMethod
+                from pipeline_src.runner.launch import prestart_server
+
+                prestart_server(conda=DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method)
         # Slurm job names carry the study (the plugin's --slurm-jobname-prefix, unless one is given),
         # so two studies on one cluster are told apart.
         if getattr(executor_settings, "jobname_prefix", None) == "":

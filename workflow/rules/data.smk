@@ -4,6 +4,7 @@ rule prepare:
         images=f"{R}/prepare/images.npy",
     log:
         f"{R}/logs/prepare/prepare.log",
+    priority: 10  # the chain every model job waits on: first
     conda:
         "../envs/pipeline.yaml"
     threads: 2  # decoding threads
@@ -24,6 +25,7 @@ rule signature:
         signature=signature_path("{name}"),
     log:
         f"{R}/logs/signature/{{name}}.log",
+    priority: 10  # the chain every model job waits on: first
     conda:
         "../envs/pipeline.yaml"
     params:
@@ -44,6 +46,7 @@ rule pretrain:
         metrics=f"{R}/metrics/pretrain/backbone.parquet",
     log:
         f"{R}/logs/pretrain/pretrain.log",
+    priority: 10  # the chain every model job waits on: first
     conda:
         "../envs/pipeline.yaml"
     threads: 2
