@@ -15,7 +15,7 @@ LIGHT = "tests.runner.light_server"
 
 
 def servers_at(path) -> list[str]:
-    return subprocess.run(["pgrep", "-f", f"-m .* {path}"], capture_output=True, text=True).stdout.split()  # any server
+    return subprocess.run(["pgrep", "-f", f"runner.* {path}"], capture_output=True, text=True).stdout.split()  # any server
 
 
 def test_a_job_asking_while_the_server_starts_waits_for_that_server(tmp_path, monkeypatch):
