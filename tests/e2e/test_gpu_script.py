@@ -54,13 +54,13 @@ def test_a_phase_out_of_time_is_stopped_with_its_jobs(tmp_path, idx):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpu_study.py"), "--smoke", "--data",
                            str(idx), "--part", "fashion", "--part", "near", "--workdir", str(work), "--out-dir",
-                           str(out), "--cores", "2", "--cap", "fashion=20", "--budget", "25"],
+                           str(out), "--cores", "2", "--cap", "fashion=12", "--budget", "16"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = pq.read_table(out / "gpu_study.parquet").to_pylist()
     fashion = next(r for r in rows if r["part"] == "fashion" and r["kind"] == "phase")
     assert fashion["finished"] is False and fashion["jobs_stopped_clean"] is True
-    assert 15 < fashion["wall_s"] < 60  # stopped at its cap, not run to the end
+    assert 8 < fashion["wall_s"] < 60  # stopped at its cap (uncapped, this smoke study took 16 s here), not run to the end
     near = next(r for r in rows if r["part"] == "near")
     assert near["finished"] is False and "spent" in near["note"]  # the budget left no time for it
     assert not processes_in(work), "a job of the stopped run still runs"
