@@ -27,9 +27,10 @@ gradient. A parameter that reaches the loss any other way escapes the clip:
 forward, `GuardForwards` runs every training forward of Opacus' modes under one (a parent may start
 using a child's weight at any forward, e.g. from its second on), and `refuse_calls_in_backward` stays
 on for the whole job. Book-keeping runs the guard's module hooks on every forward but its op-level
-watch on the first only: there a use outside the module reaches no gradient (`book_keeping`). These are the cheap named refusals; what no pattern names (a global hook returning a
-value, a view of a weight made outside the forward, a batch-free table with B rows) is caught by the
-first step's probe (`first_step_probe`).
+watch on the first only: there a use outside the module reaches no gradient (`book_keeping`). These
+are the cheap named refusals; what no pattern names (a global hook returning a value, a view of a
+weight made outside the forward, a batch-free table with B rows) is caught by the first step's
+probe (`first_step_probe`).
 """
 from __future__ import annotations
 

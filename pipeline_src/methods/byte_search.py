@@ -44,6 +44,7 @@ def find_any(data: bytes, needles: Iterable[bytes]) -> bytes | None:
             raise ValueError("find_any: an empty needle is in everything")
         width = min(len(x), WINDOW)
         by_tail[width][_key(x[-width:])].append(x)
+    wanted = {width: np.sort(np.fromiter(tails, dtype=np.uint64, count=len(tails))) for width, tails in by_tail.items()}
     buf = np.frombuffer(data, dtype=np.uint8)
     for start in range(0, len(buf), CHUNK):
         part = buf[start:start + CHUNK + WINDOW - 1]  # windows that begin in this chunk
@@ -52,9 +53,8 @@ def find_any(data: bytes, needles: Iterable[bytes]) -> bytes | None:
             if len(part) < width:
                 continue
             windows = _windows(part, width)[:CHUNK]
-            wanted = np.sort(np.fromiter(tails, dtype=np.uint64, count=len(tails)))
-            at = np.minimum(np.searchsorted(wanted, windows), len(wanted) - 1)  # no sort of the windows
-            for k in np.flatnonzero(wanted[at] == windows):
+            at = np.minimum(np.searchsorted(wanted[width], windows), len(tails) - 1)  # no sort of the windows
+            for k in np.flatnonzero(wanted[width][at] == windows):
                 end = start + int(k) + width  # the window's end in `data`
                 for x in tails[int(windows[k])]:
                     if end >= len(x) and data[end - len(x):end] == x:

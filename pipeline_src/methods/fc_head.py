@@ -4,7 +4,7 @@ In the fc regime (Liu & Soatto et al. 2024, "Tangent Transformers...", §3.4, Ta
 only; for nlft and last their head) every parameter before the head is frozen, so the head sees the
 same input for a sample at every step: the frozen tail is a fixed function of the sample. The DP job
 (`steps/privacy/train.py`) then runs that tail once per sample, keeps the head's inputs in a file of
-its own (memory for one batch, not for the shard), and trains the head alone on them: the same
+its own (written and read with plain file I/O: memory for one batch, not for the shard), and trains the head alone on them: the same
 model up to rounding, without a forward of the tail per step (the default study's fc jobs: most of
 their time; the paper protocol's full-batch ones ran the tail 50 times per sample).
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline_src.data.npy_rows import NpyRows, NpyWriter
 from pipeline_src.store.atomic import make_temp
 
 
@@ -49,25 +50,28 @@ class HeadOnly(nn.Module):
         return self._combine(self.head(*[next(rest) if g else None for g in self._given]))
 
 
-class MappedRows:
-    """The rows of one .npy file, read at positions (a tensor or array) or a slice, as a tensor.
+class HeadInputRows:
+    """The rows of one head-input file, read at positions (a tensor or array) or a slice, as a tensor
+    (`data.npy_rows.NpyRows`: plain reads, no memory map, so the job's RSS holds one batch).
 
     Args:
-        path: the file (`np.save` layout).
+        path: the file (`.npy` layout).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.array = np.load(path, mmap_mode="r")
-        self.shape = self.array.shape
+        self._rows = NpyRows(path)
+        self.shape = self._rows.shape
 
     def __len__(self) -> int:
-        return len(self.array)
+        return len(self._rows)
 
     def __getitem__(self, index) -> torch.Tensor:
-        if isinstance(index, torch.Tensor):
+        if isinstance(index, slice):
+            index = np.arange(len(self))[index]
+        elif isinstance(index, torch.Tensor):
             index = index.cpu().numpy()
-        return torch.from_numpy(np.ascontiguousarray(self.array[index]))
+        return torch.from_numpy(self._rows.read(index))
 
 
 def head_call(model: nn.Module, kind: str) -> tuple[nn.Module, Callable[..., torch.Tensor]] | None:
@@ -91,7 +95,7 @@ def only_head_trains(model: nn.Module, head: nn.Module) -> bool:
 
 @torch.no_grad()
 def head_inputs(model: nn.Module, head: nn.Module, combine: Callable[..., torch.Tensor], features,
-                batch_size: int, beside: str | Path) -> list[MappedRows | None]:
+                batch_size: int, beside: str | Path) -> list[HeadInputRows | None]:
     """The head's inputs for every row of `features`, one temporary file per input beside `beside`
     (named as `store.atomic`'s, so a run's start removes those of a killed job; the caller removes
     them after training), None for an input that is None (TAFT's tangent when nothing before the
@@ -109,7 +113,7 @@ def head_inputs(model: nn.Module, head: nn.Module, combine: Callable[..., torch.
     """
     seen: list[tuple] = []
     hook = head.register_forward_hook(lambda _m, args, _out: seen.append(args))
-    files: list[np.ndarray | None] | None = None
+    writers: list[NpyWriter | None] | None = None
     n = len(features)
     try:
         for start in range(0, n, batch_size):
@@ -118,29 +122,30 @@ def head_inputs(model: nn.Module, head: nn.Module, combine: Callable[..., torch.
             if len(seen) != 1:
                 raise RuntimeError(f"fc head path: the head ran {len(seen)} times in one forward (expected once)")
             args = seen[0]
-            if files is None:
+            if writers is None:
                 if not torch.equal(combine(head(*args)), logits):
                     raise RuntimeError("fc head path: the head's output does not give the model's logits")
-                files = [None if a is None else _new_array(beside, i, a, n) for i, a in enumerate(args)]
-            for f, a in zip(files, args):
-                if f is not None:
-                    f[start:start + len(a)] = a.cpu().numpy()
+                writers = [None if a is None else _writer(beside, i, a, n) for i, a in enumerate(args)]
+            for w, a in zip(writers, args):
+                if w is not None:
+                    w.write(start, a.cpu().numpy())
+        for w in writers or []:
+            if w is not None:
+                w.close()
     except BaseException:
-        for f in files or []:
-            if f is not None:
-                Path(f.filename).unlink(missing_ok=True)
+        for w in writers or []:
+            if w is not None:
+                w.abort()
+                w.path.unlink(missing_ok=True)
         raise
     finally:
         hook.remove()
-    for f in files or []:
-        if f is not None:
-            f.flush()
-    return [None if f is None else MappedRows(f.filename) for f in files or []]
+    return [None if w is None else HeadInputRows(w.path) for w in writers or []]
 
 
-def _new_array(beside: str | Path, i: int, a: torch.Tensor, n: int) -> np.ndarray:
-    """A writable (n, *row) array of `a`'s dtype in a temporary file beside `beside`."""
+def _writer(beside: str | Path, i: int, a: torch.Tensor, n: int) -> NpyWriter:
+    """A writer of (n, *row) rows of `a`'s dtype to a file beside `beside` named as `store.atomic`'s
+    temporaries (this process's: a later run removes it if the job is killed)."""
     fd, path = make_temp(Path(beside).with_name(f"{Path(beside).stem}.head_input{i}.npy"))
     os.close(fd)
-    return np.lib.format.open_memmap(path, mode="w+", dtype=torch.empty(0, dtype=a.dtype).numpy().dtype,
-                                     shape=(n, *a.shape[1:]))
+    return NpyWriter(path, (n, *a.shape[1:]), torch.empty(0, dtype=a.dtype).numpy().dtype)

@@ -275,12 +275,9 @@ def _ensure_server(path: Path, wait_s: float = 30.0,
                 if sock or time.monotonic() > deadline:
                     return sock
                 time.sleep(0.05)
-        sock = _connect(path)
+        sock = _start_unless_listening(path, module)
         if sock:
             return sock
-        if path.exists():
-            path.unlink()  # stale socket of a dead server
-        _start(path, module)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             sock = _connect(path)
@@ -353,23 +350,27 @@ def prestart(path: Path | None = None, module: str = "pipeline_src.runner.forkse
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another starter is at it
             return False
-        sock = _connect(path)
-        if sock:
-            sock.close()
-            return False
-        if path.exists():
-            path.unlink()  # stale socket of a dead server
-        _start(path, module, lock_fd=lock.fileno())
+        sock = _start_unless_listening(path, module, lock_fd=lock.fileno())
+    if sock:
+        sock.close()
+        return False
     return True  # our copy of the lock is closed; the server's keeps it until it listens
 
 
-def _start(path: Path, module: str, lock_fd: int | None = None) -> None:
-    """`python -m <module> <path> [lock fd]`, detached (its own session), quiet."""
+def _start_unless_listening(path: Path, module: str, lock_fd: int | None = None) -> socket.socket | None:
+    """With the start lock held: a connection to a server that listens by now, else None after
+    starting one (`python -m <module> <path> [lock fd]`, detached: its own session, quiet)."""
+    sock = _connect(path)
+    if sock:
+        return sock
+    if path.exists():
+        path.unlink()  # stale socket of a dead server
     # cwd: `-m` puts it first on the path, so the server imports this very package, not the job folder's
     subprocess.Popen([sys.executable, "-m", module, str(path), *([str(lock_fd)] if lock_fd is not None else [])],
                      start_new_session=True, cwd=PACKAGE.parent, pass_fds=(lock_fd,) if lock_fd is not None else (),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return None
 
 
 if __name__ == "__main__":
