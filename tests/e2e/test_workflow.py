@@ -1,6 +1,7 @@
 """A real Snakemake run of the tiny `.test` study, then dry runs against it."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -199,6 +200,21 @@ def test_vectorized_shard_training_gives_the_per_shard_models(study):
 def test_nothing_to_do_after_the_run(study):
     proc = snakemake(study, "-n", "--cores", "2")
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_a_dry_run_of_the_finished_study_imports_no_pandas(study):
+    # Snakemake's params check imported it to look for DataFrame params (plan/params_serializer.py):
+    # 0.3 CPU-s of every dry run with outputs on disk. The Slurm executor plugin imports it anyway.
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None:
+        pytest.skip("the Slurm executor plugin imports pandas at Snakemake's start")
+    code = ("import sys\nfrom snakemake.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('pandas' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, "-n", "-q", "rules", "-s", str(REPO / "Snakefile"),
+                           "--directory", str(study)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr
 
 
 def test_changing_the_shard_count_reruns_only_its_dependants(study, tmp_path):

@@ -157,10 +157,15 @@ def test_validation_accepts_good_files_and_fills_the_default_path(tmp_path, monk
                          "methods": {"fc": {"kind": "fc"}}, "shards": [2]})
 
 
-def _validate(root: Path) -> None:
-    validate_config({"experiment": "x", "dataset": {"source": "idx", "path": str(root), "img_size": 4,
-                                                    "source_classes": [0]},
-                     "backbone": {"arch": {"patch_size": 2}}, "methods": {"fc": {"kind": "fc"}}, "shards": [1]})
+def _validate(root: Path, cache_dir: Path | None = None) -> None:
+    """Validation as a test calls it (no cache: every file read whole), or as a parse does (`cache_dir`)."""
+    try:
+        validate_config({"experiment": "x", "dataset": {"source": "idx", "path": str(root), "img_size": 4,
+                                                        "source_classes": [0]},
+                         "backbone": {"arch": {"patch_size": 2}}, "methods": {"fc": {"kind": "fc"}}, "shards": [1]},
+                        cache_dir=cache_dir)
+    finally:
+        idx_files.use_cache_dir(None)
 
 
 def _cut(path: Path, keep: int) -> None:
@@ -199,8 +204,9 @@ def test_bad_files_fail_validation_with_a_named_error(tmp_path, case):
     with pytest.raises(error, match=message):
         read_split(tmp_path, "test" if "t10k" in message or case in ("raw data short", "header cut",
                                                                      "bytes beyond the header's dims") else "train")
-    with pytest.raises(ConfigError, match=f"dataset.path': {error.__name__}: .*{message}"):
-        _validate(tmp_path)
+    for cache_dir in (None, tmp_path / "plan_cache"):  # the same error at parse time
+        with pytest.raises(ConfigError, match=f"dataset.path': {error.__name__}: .*{message}"):
+            _validate(tmp_path, cache_dir)
 
 
 def test_class_names_must_fit_the_labels(tmp_path):
@@ -262,27 +268,65 @@ def test_images_are_resized_as_image_files_are(tmp_path):
     assert all(np.array_equal(images[0, c], first) for c in range(3))  # grey repeated over the channels
 
 
-def test_a_file_checked_whole_before_and_unchanged_has_only_its_header_read(tmp_path, monkeypatch):
-    # The whole-stream check is a twentieth of the Fashion study's dry run; its verdict is kept in
-    # the parse cache per (size, mtime, ctime), and any write to the file brings the check back.
+def _count_whole_reads(monkeypatch) -> list[str]:
+    whole: list[str] = []
+    check_whole = idx_files._checked_length.__wrapped__  # uncached: every whole read counts
+    monkeypatch.setattr(idx_files, "_checked_length", lambda *a: whole.append(a[0]) or check_whole(*a))
+    return whole
+
+
+def test_parse_time_trusts_the_length_record_and_prepare_reads_every_file_whole(tmp_path, monkeypatch):
+    # Reading Fashion-MNIST whole was 0.3 CPU-s of every cold dry run: at parse time a file passes
+    # on its header and its recorded length (gzip's ISIZE trailer, a raw file's size); `prepare`
+    # (no cache folder) still reads it whole and finds what only that finds, a bad CRC.
+    make_idx(tmp_path / "data", rows=28, cols=28)  # random pixels: stored deflate blocks, bytes as written
+    whole = _count_whole_reads(monkeypatch)
+    images = tmp_path / "data" / "train-images-idx3-ubyte.gz"
+    data = bytearray(images.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a pixel flipped: the length record still fits, the CRC does not
+    images.write_bytes(bytes(data))
+    idx_files.use_cache_dir(tmp_path / "plan_cache")
+    try:
+        assert read_split(tmp_path / "data", "train").images.dims == (30, 28, 28)
+        assert whole == []
+    finally:
+        idx_files.use_cache_dir(None)
+    with pytest.raises(IdxTruncated, match="train-images.*corrupt"):
+        read_split(tmp_path / "data", "train")
+    assert whole == [str(images)]
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_length_record_fails_on_a_cut_or_overlong_file(tmp_path, gz):
+    make_idx(tmp_path, gz=gz)
+    name = "train-images-idx3-ubyte" + (".gz" if gz else "")
+    header = idx_files.read_header(str(tmp_path / name), idx_files.IMAGES_MAGIC)
+    assert idx_files.length_on_record(header)
+    full = (tmp_path / name).read_bytes()
+    for spoiled in (full[:-1], full + b"\0"):
+        (tmp_path / name).write_bytes(spoiled)
+        assert not idx_files.length_on_record(header)
+
+
+def test_a_multi_member_gzip_is_read_whole_once_and_its_pass_kept(tmp_path, monkeypatch):
+    # Its trailer counts the last member only, so the record disagrees; the whole read passes it,
+    # and the parse cache keeps that per (size, mtime, ctime): any write brings the read back.
     make_idx(tmp_path / "data")
+    labels = tmp_path / "data" / "train-labels-idx1-ubyte.gz"
+    raw = gzip.decompress(labels.read_bytes())
+    labels.write_bytes(gzip.compress(raw[:10]) + gzip.compress(raw[10:]))  # a valid stream of two members
     cache = tmp_path / "plan_cache"
     cache.mkdir()
-    whole = []
-    check_whole = idx_files._checked_length.__wrapped__
-    monkeypatch.setattr(idx_files, "_checked_length", lambda *a: whole.append(a[0]) or check_whole(*a))
+    whole = _count_whole_reads(monkeypatch)
     idx_files.use_cache_dir(cache)
     try:
         first = read_split(tmp_path / "data", "train")
-        assert len(whole) == 2 and (cache / idx_files.CACHE_FILE).is_file()
+        assert whole == [str(labels)] and (cache / idx_files.CACHE_FILE).is_file()
         again = read_split(tmp_path / "data", "train")
-        assert len(whole) == 2 and again.images == first.images and (again.labels == first.labels).all()
-        _cut(tmp_path / "data" / "train-images-idx3-ubyte.gz", 200)  # same cache, new file: checked whole
-        with pytest.raises(IdxTruncated, match="train-images"):
+        assert len(whole) == 1 and again.images == first.images and (again.labels == first.labels).all()
+        _cut(labels, len(labels.read_bytes()) - 20)  # same cache, new file: read whole, and refused
+        with pytest.raises(IdxTruncated, match="train-labels"):
             read_split(tmp_path / "data", "train")
-        idx_files.use_cache_dir(None)  # prepare's way: no cache, every file checked whole
-        read_split(tmp_path / "data", "test")
-        read_split(tmp_path / "data", "test")
-        assert whole[-2:] == whole[-4:-2] and len(whole) == 7
+        assert len(whole) == 2
     finally:
         idx_files.use_cache_dir(None)
