@@ -9,7 +9,12 @@ other interpreters (venvs with and without the Slurm executor plugin, say), thei
 interleaved; each row names whether its interpreter has the plugin. Rows go to <out-dir>/dry_run.parquet
 (`store/benchmark_rows.py`), the CPU milliseconds in `time_ms_*`, the wall in `sizes`.
 
+`--finished STUDY=DIR` times, besides, the dry run of a finished study in its working directory DIR
+("Nothing to be done": every output's mtime and metadata checked, what a user sees before and after
+a run); that row's `sizes.cold` is false, and its job count 0.
+
     python benchmarks/bench_dry_run.py                         # both studies, 5 repeats each
+    python benchmarks/bench_dry_run.py --study default --finished default=~/clone   # and the finished study in ~/clone
     python benchmarks/bench_dry_run.py --study default --repeats 9 --python with=.venv/bin/python --python without=/other/bin/python
 """
 from __future__ import annotations
@@ -31,25 +36,32 @@ STUDIES = {"default": "config.yaml", "fashion": "studies/fashion_mnist.yaml", "f
 _TOTAL = re.compile(r"^total\s+(\d+)\s*$", re.M)
 
 
-def dry_run(python: str, configfile: str) -> tuple[float, float, float, int]:
-    """One cold dry run: (CPU s, wall s, peak RSS MB, jobs planned).
+def dry_run(python: str, configfile: str, finished: Path | None = None) -> tuple[float, float, float, int]:
+    """One dry run: (CPU s, wall s, peak RSS MB, jobs planned).
 
     Args:
         python: the interpreter that runs Snakemake.
         configfile: the study file, relative to the repository.
+        finished: a finished study's working directory, to dry-run in (it must plan nothing);
+            None: a fresh empty folder (cold).
     """
     with tempfile.TemporaryDirectory(prefix="dry-run-") as folder:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(REPO / "Snakefile"),
                "--configfile", str(REPO / configfile)]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=finished or folder, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-3000:]}")
+    if finished is not None:
+        if "Nothing to be done" not in out:
+            raise RuntimeError(f"{finished}: not a finished study, the dry run plans jobs:\n{out[-3000:]}")
+        return usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024, 0
     jobs = _TOTAL.search(out)
     if not jobs:
         raise RuntimeError(f"no job table in the dry run's output:\n{out[-3000:]}")
@@ -69,26 +81,35 @@ def main() -> None:
     p.add_argument("--python", action="append", metavar="[LABEL=]PATH",
                    help="an interpreter that runs Snakemake, repeatable: the repeats alternate between them, so "
                         "the machine's load varies alike (default: this one)")
+    p.add_argument("--finished", action="append", default=[], metavar="STUDY=DIR",
+                   help="also dry-run the finished study STUDY in its working directory DIR, repeatable")
     p.add_argument("--out-dir", default="results/benchmarks")
     args = p.parse_args()
+    finished = {}
+    for item in args.finished:
+        study, _, folder = item.partition("=")
+        if study not in STUDIES or not Path(folder).expanduser().is_dir():
+            p.error(f"--finished {item}: STUDY is one of {sorted(STUDIES)}, DIR a study's working directory")
+        finished[study] = Path(folder).expanduser().resolve()
     from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
 
     pythons = dict(x.split("=", 1) if "=" in x else ("", x) for x in args.python or [sys.executable])
     rows = []
-    for study in args.study or ["default", "fashion"]:
+    cases = [(study, None) for study in args.study or ["default", "fashion"]] + list(finished.items())
+    for study, folder in cases:
         runs: dict[str, list[tuple[float, float, float, int]]] = {label: [] for label in pythons}
         for _ in range(args.repeats):
             for label, python in pythons.items():
-                runs[label].append(dry_run(python, STUDIES[study]))
+                runs[label].append(dry_run(python, STUDIES[study], folder))
         for label, python in pythons.items():
             cpu, wall, rss, jobs = (list(x) for x in zip(*runs[label]))
             if len(set(jobs)) != 1:
                 raise RuntimeError(f"{study}: the dry runs planned different job counts: {jobs}")
             slurm_plugin = has_module(python, "snakemake_executor_plugin_slurm")
             sizes = {"study": STUDIES[study], "jobs": jobs[0], "slurm_plugin_installed": slurm_plugin,
-                     "python": python, "clock": "user+sys CPU of the snakemake process (os.wait4)", "cold": True,
+                     "python": python, "clock": "user+sys CPU of the snakemake process (os.wait4)", "cold": folder is None,
                      "wall_ms_median": round(statistics.median(wall) * 1000, 1)}
-            case = study + (f"/{label}" if label else "")
+            case = study + ("" if folder is None else "/finished") + (f"/{label}" if label else "")
             rows.append(benchmark_row("dry_run", case, "cpu", sizes, [c * 1000 for c in cpu], max(rss),
                                       method="ru_maxrss of the dry-run process (os.wait4)"))
             print(f"{case:24s} {jobs[0]:5d} jobs  CPU median {statistics.median(cpu):5.2f} s "

@@ -16,14 +16,23 @@ import torch.nn.functional as F
 from pipeline_src.data.npy_rows import NpyWriter
 from pipeline_src.plan.dataset_layouts import SampleList
 from pipeline_src.plan.image_check import decode_errors
+from pipeline_src.plan.samples import digits_csv
 
 CHUNK = 256  # images decoded and written at a time: prepare's memory is bounded by this, not the dataset
 
 
-def _digits(size: int, chans: int) -> np.ndarray:
-    from sklearn.datasets import load_digits
+def digits_images() -> np.ndarray:
+    """scikit-learn's `load_digits().images`, float64 (N, 8, 8) values 0..16, read from the same CSV
+    as it does (`plan/samples.digits_csv`) without importing scikit-learn."""
+    import gzip
 
-    x = torch.tensor(load_digits().images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8), values 0..16
+    with gzip.open(digits_csv(), "rt") as f:
+        table = np.loadtxt(f, delimiter=",", ndmin=2)  # (N, 65): 64 pixels, then the label
+    return table[:, :-1].reshape(-1, 8, 8)
+
+
+def _digits(size: int, chans: int) -> np.ndarray:
+    x = torch.tensor(digits_images(), dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8), values 0..16
     x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
     x = x.expand(-1, chans, -1, -1)
     return (x.clamp(0, 1) * 255).round().to(torch.uint8).contiguous().numpy()

@@ -47,17 +47,23 @@ SAMPLES_SCHEMA = pa.schema([
 ])
 
 
-def digits_labels() -> list[int]:
-    """The labels of scikit-learn's `load_digits`, read from the CSV it ships (last column)
-    without importing scikit-learn: listing runs at parse time, where its import costs seconds."""
-    import gzip
+def digits_csv() -> Path:
+    """The CSV scikit-learn's `load_digits` reads (`datasets/data/digits.csv.gz`: 64 pixel values
+    0..16 then the label, a row per image), found without importing scikit-learn: its import costs
+    seconds of a parse, and a second of every fork server's start (`runner/forkserver.py`)."""
     from importlib.util import find_spec
 
     spec = find_spec("sklearn")  # a top-level package: found, not imported
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("dataset.source 'digits' needs scikit-learn installed")
-    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
-    with gzip.open(path, "rt") as f:
+    return Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+
+
+def digits_labels() -> list[int]:
+    """The labels of scikit-learn's `load_digits`, read from its CSV (`digits_csv`, last column)."""
+    import gzip
+
+    with gzip.open(digits_csv(), "rt") as f:
         return [int(float(line.rsplit(",", 1)[1])) for line in f if line.strip()]
 
 

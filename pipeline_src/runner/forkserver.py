@@ -42,7 +42,9 @@ from pipeline_src.store.atomic import process_umask
 
 IDLE_SECONDS = 120
 # opacus: 0.46 CPU-s of every DP job's start before (42 jobs in the default study; docs/performance.md)
-PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "sklearn.datasets", "tqdm.auto", "opacus",
+# Not scikit-learn: the digits are read from its CSV (data/images.py), and only the Fashion
+# studies' pixel baseline imports it (0.6-1 CPU-s of every server's start before, issue 44).
+PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "tqdm.auto", "opacus",
            "jsonschema", "yaml", "scipy.optimize")
 # The step modules too (all but the report's, one job that imports matplotlib): 0.06-0.12 CPU-s of
 # imports in each job's child before, 0.17 s once here (docs/performance.md).
