@@ -7,6 +7,7 @@ rule features:
         meta=f"{R}/features/{{cache}}/features.json",
     log:
         f"{R}/logs/features/{{cache}}.log",
+    priority: 10  # every cached-feature job waits on it, and 2 threads wait for both cores: late, it left one idle
     conda:
         "../envs/pipeline.yaml"
     threads: 2
