@@ -6,7 +6,7 @@ from pathlib import Path
 from pipeline_src.reports.report import REPORTS, WITH_CONFIG
 from pipeline_src.runner.step_args import StepArgs
 from pipeline_src.store.atomic import write_text
-from pipeline_src.store.results_db import connect
+from pipeline_src.store.results_db import connect, snapshot
 
 # The report's first line: it counts images, times jobs and shows non-DP results, so no DP
 # guarantee covers it; a DP study's releasable folder is `release/` (docs/privacy.md).
@@ -23,6 +23,7 @@ def main(args: StepArgs) -> None:
     out_dir = Path(args.output.reports)
     out_dir.mkdir(parents=True, exist_ok=True)
     con = connect(args.params["results_dir"])
+    snapshot(con)  # the small views read once: every report then sees the same files
     lines = []
     for name, report in REPORTS.items():
         paths = report(con, out_dir, config=args.settings) if name in WITH_CONFIG else report(con, out_dir)

@@ -169,6 +169,29 @@ def connect(results_dir: str | Path = "results", database: str = ":memory:",
     return con
 
 
+# Views of a row per model, metric or job: small whatever the dataset (not `per_image`, `samples`
+# or `manifests`, a row per image or sample).
+SNAPSHOT_VIEWS = ("metrics", "jobs", "job_counters", "selection", "private_selection")
+
+
+def snapshot(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SNAPSHOT_VIEWS) -> list[str]:
+    """Copy these views' rows into tables once, under the views' names (the views built on them,
+    such as `metrics_selected`, follow), so that later queries read memory instead of every file
+    again, and all of them see the same files. The report ran ~80 queries over them, each reading
+    and (for the jobs' TSV files) sniffing every file again (docs/performance.md). Returns the names copied.
+
+    Args:
+        con: a connection from `connect` (views in its default schema).
+        names: the views to copy; those the connection lacks are skipped.
+    """
+    views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    copied = [n for n in names if n in views]
+    for name in copied:
+        con.execute(f"CREATE TABLE _snapshot_{name} AS SELECT * FROM {name}")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _snapshot_{name}")
+    return copied
+
+
 def _source(sql: str, files: list[str] | None, glob_pattern: str) -> str:
     """A view's SELECT over its glob, or over these files only (the readable ones)."""
     if files is None:
