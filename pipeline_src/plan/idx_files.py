@@ -169,7 +169,7 @@ def _checked_length(path: str, size: int, mtime_ns: int, magic: int) -> IdxHeade
             while block := f.read(READ_BYTES):
                 seen += len(block)
     except (EOFError, OSError, zlib.error) as e:
-        raise IdxTruncated(f"{path}: the data stream ends early or is corrupt after {seen - header.offset} of "
+        raise IdxTruncated(f"{path}: the data stream ends early or is corrupt after {max(seen - header.offset, 0)} of "
                            f"{header.data_bytes} bytes ({type(e).__name__}: {e})") from None
     extra = seen - header.offset - header.data_bytes
     if extra < 0:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline_src.data.images import write_images
 from pipeline_src.data.sample_store import IMAGES_FILE
+from pipeline_src.plan import idx_files
 from pipeline_src.plan.image_check import use_cache_dir
 from pipeline_src.plan.pretrain_pool import check_disjoint
 from pipeline_src.plan.samples import assign_splits, list_samples, split_and_limit
@@ -35,6 +36,7 @@ def main(args: StepArgs) -> None:
     cfg = args.settings
     out_dir = Path(args.output.samples).parent
     use_cache_dir(out_dir / ".plan_cache")  # the verdicts the DAG was built with (skip_corrupt)
+    idx_files.use_cache_dir(None)  # IDX files read whole, CRC included: validation read only their length records
     samples = split_and_limit(list_samples(cfg["dataset"]), cfg["dataset"], cfg["seed"])  # what images.npy holds
     table = assign_splits(samples, cfg["dataset"], cfg["seed"])
     if cfg["dataset"].get("pretrain_pool"):  # on the ids written, as validation did on the listed ones

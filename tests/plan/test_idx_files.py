@@ -294,6 +294,19 @@ def test_parse_time_trusts_the_length_record_and_prepare_reads_every_file_whole(
     with pytest.raises(IdxTruncated, match="train-images.*corrupt"):
         read_split(tmp_path / "data", "train")
     assert whole == [str(images)]
+    # `prepare` itself, in a process whose parse set the cache: it refuses the file, writing nothing
+    from pipeline_src.runner.step_args import Paths, StepArgs
+    from pipeline_src.steps import prepare
+
+    cfg = validate_config({"experiment": "x", "dataset": idx_cfg(tmp_path / "data", img_size=28, source_classes=[0]),
+                           "backbone": {"arch": {"patch_size": 4}}, "methods": {"fc": {"kind": "fc"}}, "shards": [1]},
+                          cache_dir=tmp_path / "plan_cache")  # a parse: passes, and leaves its cache set
+    out = tmp_path / "results" / "prepare" / "samples.parquet"
+    args = StepArgs(output=Paths([str(out)], {"samples": str(out)}), params={"settings": cfg}, rule="prepare")
+    with pytest.raises(IdxTruncated, match="train-images.*corrupt"):
+        prepare.main(args)
+    assert not out.exists() and len(whole) == 2
+    idx_files.use_cache_dir(None)
 
 
 @pytest.mark.parametrize("gz", [True, False])
