@@ -42,9 +42,10 @@ from pipeline_src.store.atomic import process_umask
 
 IDLE_SECONDS = 120
 # opacus: 0.46 CPU-s of every DP job's start before (42 jobs in the default study; docs/performance.md)
-# Not scikit-learn: the digits are read from its CSV (data/images.py), and only the Fashion
-# studies' pixel baseline imports it (0.6-1 CPU-s of every server's start before, issue 44).
-PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "tqdm.auto", "opacus",
+# pandas: pyarrow imports it at its first conversion of Python values (every metrics file a job
+# writes), 0.15-0.3 CPU-s in each job's child otherwise. Not scikit-learn: the digits are read from
+# its CSV (data/images.py), and only the Fashion studies' pixel baseline imports it (issue 44).
+PRELOAD = ("numpy", "torch", "timm", "safetensors.torch", "pyarrow.parquet", "pandas", "tqdm.auto", "opacus",
            "jsonschema", "yaml", "scipy.optimize")
 # The step modules too (all but the report's, one job that imports matplotlib): 0.06-0.12 CPU-s of
 # imports in each job's child before, 0.17 s once here (docs/performance.md).
