@@ -244,12 +244,19 @@ def selected_point(name, shards, axes=TRAIN_AXES):
     trains at (N: the models' own, a full-data model's 1) and the point that choice holds now (None
     before `select` has run), or None where it trains at its own settings. The point is the rerun
     trigger: `select` is a checkpoint, so a rerun that changes a choice reruns the jobs at that
-    choice, and one that keeps it reruns none (a forget request retrains the touched shards only)."""
+    choice, and one that keeps it reruns none (a forget request retrains the touched shards only).
+
+    The point is read from the record on disk, never through the checkpoint. Snakemake evaluates
+    params lazily, after the job's input. A `select` that reruns in between (its record deleted,
+    then written) would make the checkpoint disagree with the input the job was built with, and
+    Snakemake refuses a param that waits on a checkpoint its input does not name. A job built
+    before `select` reran depends on it, so it is built again once `select` has run, and its point
+    is read anew."""
     spec = selected_at(config, name, int(shards), axes)
     if spec is None:
         return None
-    path, exists = selection_record(spec)
-    return {**spec, "point": chosen_point(path, spec) if exists else None}
+    path = selection_file(R, spec["base"])
+    return {**spec, "point": chosen_point(path, spec) if os.path.exists(path) else None}
 
 
 def selection_input(name, shards, axes=TRAIN_AXES):
