@@ -22,6 +22,7 @@ envvars:
     "PYTHONPATH",  # declared, so remote executors (Slurm) pass it on to jobs too
 
 
+from snakemake.exceptions import IncompleteCheckpointException
 from pipeline_src.plan.config import ConfigError, validate_config
 from pipeline_src.methods.kinds import feature_cache, kind_of
 from pipeline_src.plan.feature_budget import side_everys
@@ -246,17 +247,22 @@ def selected_point(name, shards, axes=TRAIN_AXES):
     trigger: `select` is a checkpoint, so a rerun that changes a choice reruns the jobs at that
     choice, and one that keeps it reruns none (a forget request retrains the touched shards only).
 
-    The point is read from the record on disk, never through the checkpoint. Snakemake evaluates
-    params lazily, after the job's input. A `select` that reruns in between (its record deleted,
-    then written) would make the checkpoint disagree with the input the job was built with, and
-    Snakemake refuses a param that waits on a checkpoint its input does not name. A job built
-    before `select` reran depends on it, so it is built again once `select` has run, and its point
-    is read anew."""
+    While `select` is to run (again) in this run, the point is None: the job waits on the checkpoint
+    and is built again, its point read anew, once `select` has run. A param cannot wait on the
+    checkpoint itself: Snakemake evaluates params lazily, after the input, and a `select` rerunning
+    in between (its record deleted, then written) leaves an input that names the record plainly;
+    Snakemake refuses a param that waits on a checkpoint its input does not name."""
     spec = selected_at(config, name, int(shards), axes)
     if spec is None:
         return None
     path = selection_file(R, spec["base"])
-    return {**spec, "point": chosen_point(path, spec) if os.path.exists(path) else None}
+    if not os.path.exists(path):
+        return {**spec, "point": None}
+    try:
+        checkpoints.select.get(method=spec["base"])
+    except IncompleteCheckpointException:
+        return {**spec, "point": None}
+    return {**spec, "point": chosen_point(path, spec)}
 
 
 def selection_input(name, shards, axes=TRAIN_AXES):
