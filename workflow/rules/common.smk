@@ -57,6 +57,9 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     from pipeline_src.plan.params_serializer import pandas_only_when_imported
 
     pandas_only_when_imported()  # a dry run of a finished study no longer imports pandas (0.3 CPU-s)
+    from pipeline_src.plan.producer_memo import remember_producers
+
+    remember_producers()  # the DAG searches each file's producers once, not once per job reading it
     from pipeline_src.runner.job_stops import forward_interrupts
 
     forward_interrupts()  # Ctrl-C stops the jobs that run in this process's threads
