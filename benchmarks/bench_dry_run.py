@@ -9,6 +9,11 @@ other interpreters (venvs with and without the Slurm executor plugin, say), thei
 interleaved; each row names whether its interpreter has the plugin. Rows go to <out-dir>/dry_run.parquet
 (`store/benchmark_rows.py`), the CPU milliseconds in `time_ms_*`, the wall in `sizes`.
 
+Each repeat also dry-runs a one-rule Snakefile with the same interpreter (case `floor`): what
+Snakemake's start costs any workflow (its imports, CLI and plugin registries). Interleaved with the
+studies' runs, it moves with the machine's speed as they do, so "over the floor" (the study's median
+minus the floor's) is the part this workflow adds, comparable across moments and machines.
+
 `--finished STUDY=DIR` times, besides, the dry run of a finished study in its working directory DIR
 ("Nothing to be done": every output's mtime and metadata checked, what a user sees before and after
 a run); that row's `sizes.cold` is false, and its job count 0.
@@ -36,19 +41,26 @@ STUDIES = {"default": "config.yaml", "fashion": "studies/fashion_mnist.yaml", "f
 _TOTAL = re.compile(r"^total\s+(\d+)\s*$", re.M)
 
 
-def dry_run(python: str, configfile: str, finished: Path | None = None) -> tuple[float, float, float, int]:
+ONE_RULE = 'rule one:\n    output:\n        "one.txt",\n    shell:\n        "touch {output}"\n'
+
+
+def dry_run(python: str, configfile: str | None, finished: Path | None = None) -> tuple[float, float, float, int]:
     """One dry run: (CPU s, wall s, peak RSS MB, jobs planned).
 
     Args:
         python: the interpreter that runs Snakemake.
-        configfile: the study file, relative to the repository.
+        configfile: the study file, relative to the repository; None: the one-rule Snakefile (the floor).
         finished: a finished study's working directory, to dry-run in (it must plan nothing);
             None: a fresh empty folder (cold).
     """
     with tempfile.TemporaryDirectory(prefix="dry-run-") as folder:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(REPO / "Snakefile"),
-               "--configfile", str(REPO / configfile)]
+        if configfile is None:
+            (Path(folder) / "Snakefile").write_text(ONE_RULE)
+            cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(Path(folder) / "Snakefile")]
+        else:
+            cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(REPO / "Snakefile"),
+                   "--configfile", str(REPO / configfile)]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=finished or folder, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -95,26 +107,31 @@ def main() -> None:
 
     pythons = dict(x.split("=", 1) if "=" in x else ("", x) for x in args.python or [sys.executable])
     rows = []
-    cases = [(study, None) for study in args.study or ["default", "fashion"]] + list(finished.items())
-    for study, folder in cases:
-        runs: dict[str, list[tuple[float, float, float, int]]] = {label: [] for label in pythons}
-        for _ in range(args.repeats):
+    cases = [("floor", None)] + [(study, None) for study in args.study or ["default", "fashion"]] + list(finished.items())
+    runs: dict[tuple, list[tuple[float, float, float, int]]] = {}
+    for _ in range(args.repeats):  # every case once per repeat: the machine's drift reaches all alike
+        for study, folder in cases:
             for label, python in pythons.items():
-                runs[label].append(dry_run(python, STUDIES[study], folder))
-        for label, python in pythons.items():
-            cpu, wall, rss, jobs = (list(x) for x in zip(*runs[label]))
-            if len(set(jobs)) != 1:
-                raise RuntimeError(f"{study}: the dry runs planned different job counts: {jobs}")
-            slurm_plugin = has_module(python, "snakemake_executor_plugin_slurm")
-            sizes = {"study": STUDIES[study], "jobs": jobs[0], "slurm_plugin_installed": slurm_plugin,
-                     "python": python, "clock": "user+sys CPU of the snakemake process (os.wait4)", "cold": folder is None,
-                     "wall_ms_median": round(statistics.median(wall) * 1000, 1)}
-            case = study + ("" if folder is None else "/finished") + (f"/{label}" if label else "")
-            rows.append(benchmark_row("dry_run", case, "cpu", sizes, [c * 1000 for c in cpu], max(rss),
-                                      method="ru_maxrss of the dry-run process (os.wait4)"))
-            print(f"{case:24s} {jobs[0]:5d} jobs  CPU median {statistics.median(cpu):5.2f} s "
-                  f"(all: {', '.join(f'{c:.2f}' for c in cpu)}), wall median {statistics.median(wall):5.2f} s, "
-                  f"peak RSS {max(rss):.0f} MB, Slurm plugin {'installed' if slurm_plugin else 'absent'}", flush=True)
+                runs.setdefault((study, folder, label), []).append(dry_run(python, STUDIES.get(study), folder))
+    floor = {label: statistics.median(c for c, *_ in runs[("floor", None, label)]) for label in pythons}
+    for (study, folder, label), measured in runs.items():
+        python = pythons[label]
+        cpu, wall, rss, jobs = (list(x) for x in zip(*measured))
+        if len(set(jobs)) != 1:
+            raise RuntimeError(f"{study}: the dry runs planned different job counts: {jobs}")
+        slurm_plugin = has_module(python, "snakemake_executor_plugin_slurm")
+        sizes = {"study": STUDIES.get(study) or "one-rule Snakefile", "jobs": jobs[0],
+                 "slurm_plugin_installed": slurm_plugin, "python": python,
+                 "clock": "user+sys CPU of the snakemake process (os.wait4)", "cold": folder is None,
+                 "wall_ms_median": round(statistics.median(wall) * 1000, 1),
+                 "floor_ms_median": round(floor[label] * 1000, 1)}
+        case = study + ("" if folder is None else "/finished") + (f"/{label}" if label else "")
+        rows.append(benchmark_row("dry_run", case, "cpu", sizes, [c * 1000 for c in cpu], max(rss),
+                                  method="ru_maxrss of the dry-run process (os.wait4)"))
+        over = "" if study == "floor" else f", over the floor {statistics.median(cpu) - floor[label]:5.2f} s"
+        print(f"{case:24s} {jobs[0]:5d} jobs  CPU median {statistics.median(cpu):5.2f} s{over} "
+              f"(all: {', '.join(f'{c:.2f}' for c in cpu)}), wall median {statistics.median(wall):5.2f} s, "
+              f"peak RSS {max(rss):.0f} MB, Slurm plugin {'installed' if slurm_plugin else 'absent'}", flush=True)
     print(write_benchmark_rows("dry_run", rows, args.out_dir))
 
 
