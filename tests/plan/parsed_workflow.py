@@ -29,6 +29,13 @@ with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
 """
 
 
+def write_tiny_config(workdir: Path) -> None:
+    """The tiny study's config (.test/config.yaml, on the CPU) as `workdir`/config.yaml."""
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["device"] = "cpu"
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
 def in_parsed_workflow(workdir: Path, code: str) -> dict:
     """Run `code` in a fresh interpreter after parsing the tiny study (.test/config.yaml, on the CPU)
     in `workdir`: `workflow` is Snakemake's Workflow, `workflow.globals` the Snakefile's namespace.
@@ -38,9 +45,7 @@ def in_parsed_workflow(workdir: Path, code: str) -> dict:
         workdir: the study's working directory (its config.yaml is written there).
         code: Python, run after the parse, at module level.
     """
-    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg["device"] = "cpu"
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    write_tiny_config(workdir)
     script = PRELUDE % str(REPO / "Snakefile") + code
     proc = subprocess.run([sys.executable, "-c", script], cwd=workdir, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

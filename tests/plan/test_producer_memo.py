@@ -9,7 +9,7 @@ import json
 import re
 
 from tests.conftest import snakemake
-from tests.plan.parsed_workflow import in_parsed_workflow
+from tests.plan.parsed_workflow import in_parsed_workflow, write_tiny_config
 
 CHECK = """
 from snakemake.output_index import OutputIndex
@@ -32,7 +32,7 @@ print(json.dumps(out))
 
 
 def test_remembered_lookups_answer_as_snakemakes_for_every_file_of_a_dry_run(tmp_path):
-    in_parsed_workflow(tmp_path, "print('{}')")  # writes the study's config.yaml
+    write_tiny_config(tmp_path)
     listed = re.findall(r"^\s+(?:input|output): (.+)$", snakemake(tmp_path, "-n").stdout, flags=re.M)
     files = sorted({f for line in listed for f in line.split(", ") if not f.startswith("<")})
     files += ["results/tiny/no_rule_makes_this.txt", "elsewhere/prepare/samples.parquet"]

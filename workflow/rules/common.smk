@@ -258,14 +258,11 @@ def selected_point(name, shards, axes=TRAIN_AXES):
     spec = selected_at(config, name, int(shards), axes)
     if spec is None:
         return None
-    path = selection_file(R, spec["base"])
-    if not os.path.exists(path):
-        return {**spec, "point": None}
     try:
-        checkpoints.select.get(method=spec["base"])
+        path, exists = selection_record(spec)
     except IncompleteCheckpointException:
         return {**spec, "point": None}
-    return {**spec, "point": chosen_point(path, spec)}
+    return {**spec, "point": chosen_point(path, spec) if exists else None}
 
 
 def selection_input(name, shards, axes=TRAIN_AXES):
