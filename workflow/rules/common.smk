@@ -5,6 +5,10 @@ import os
 import sys
 
 sys.path.insert(0, workflow.basedir)  # pipeline_src is importable without installing it
+if workflow.is_main_process:  # before the parse: fewer, cheaper collections while the DAG grows
+    from pipeline_src.plan.scheduler_gc import tune_collector
+
+    tune_collector()
 # Jobs, the fork server and Slurm jobs inherit this: they run this workflow's package, never
 # another checkout's that an editable install of one shared virtualenv points at.
 os.environ["PYTHONPATH"] = os.pathsep.join(
