@@ -48,8 +48,8 @@ $(BIN)/.installed: $(LOCK) pyproject.toml
 	touch $@
 
 # The package's bytecode, as pip writes an installed package's: the editable install leaves it to
-# Python, which writes none where PYTHONDONTWRITEBYTECODE is set (this project's CI image and
-# sandboxes); every parse then compiled ~45 plan modules again, ~85 ms of each dry run
+# Python, which writes none where PYTHONDONTWRITEBYTECODE is set (as on this project's build
+# machines); every parse then compiled ~45 plan modules again, ~85 ms of each dry run
 # (docs/performance.md). Up to date, this takes 0.05 s; a changed file is compiled again.
 install: $(BIN)/.installed
 	@$(BIN)/python -m compileall -q pipeline_src
