@@ -40,12 +40,7 @@ def test_the_instruction_count_is_read_from_cachegrinds_summary():
 
 @pytest.mark.long
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
-def test_instructions_are_counted_for_the_floor_and_the_study(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_dry_run.py"), "--study", "default",
-                           "--repeats", "1", "--instructions", "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True, check=True)
-    rows = {r["case"]: json.loads(r["sizes"]) for r in pq.read_table(tmp_path / "dry_run.parquet").to_pylist()}
-    floor, study = rows["floor"], rows["default"]
-    # Snakemake's start alone executes billions; the study's DAG at least as many again
-    assert 1e9 < floor["instructions"] == study["floor_instructions"] < study["instructions"] / 1.5
-    assert "G over the floor" in proc.stdout
+def test_instructions_are_counted_for_the_floor():
+    # the floor only: ~30 s under valgrind, where the default study would take a minute more
+    cpu, wall, rss, jobs, instructions = bench_dry_run.dry_run(sys.executable, None, count_instructions=True)
+    assert jobs == 1 and instructions > 1e9  # Snakemake's start alone executes billions
