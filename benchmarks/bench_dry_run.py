@@ -80,10 +80,10 @@ def dry_run(python: str, configfile: str | None, finished: Path | None = None,
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         if configfile is None:
             (Path(folder) / "Snakefile").write_text(ONE_RULE)
-            cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(Path(folder) / "Snakefile")]
+            workflow = ["-s", str(Path(folder) / "Snakefile")]
         else:
-            cmd = [python, "-m", "snakemake", "-n", "-q", "rules", "-s", str(REPO / "Snakefile"),
-                   "--configfile", str(REPO / configfile)]
+            workflow = ["-s", str(REPO / "Snakefile"), "--configfile", str(REPO / configfile)]
+        cmd = [python, "-m", "snakemake", "-n", "-q", "rules", *workflow]
         if count_instructions:
             cmd, env = CACHEGRIND + cmd, {**env, "PYTHONHASHSEED": "0"}  # the same dict and set orders each run
         start = time.perf_counter()
@@ -161,9 +161,9 @@ def main() -> None:
         if counted:
             sizes["instructions"] = counted[(study, folder, label)]
             sizes["floor_instructions"] = counted[("floor", None, label)]
-            over = (sizes["instructions"] - sizes["floor_instructions"]) / 1e9
             instructions = f", {sizes['instructions'] / 1e9:.2f} G instructions"
-            instructions += "" if study == "floor" else f" ({over:.2f} G over the floor)"
+            if study != "floor":
+                instructions += f" ({(sizes['instructions'] - sizes['floor_instructions']) / 1e9:.2f} G over the floor)"
         case = study + ("" if folder is None else "/finished") + (f"/{label}" if label else "")
         rows.append(benchmark_row("dry_run", case, "cpu", sizes, [c * 1000 for c in cpu], max(rss),
                                   method="ru_maxrss of the dry-run process (os.wait4)"))
