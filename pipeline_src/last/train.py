@@ -23,8 +23,8 @@ from torch import Tensor
 from pipeline_src.job.counters import counting
 from pipeline_src.last.features import BlockBatches
 from pipeline_src.last.side_network import SideNetwork
+from pipeline_src.optim.adamw import adamw
 from pipeline_src.optim.schedule import apply_schedule
-from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
 
 MEMBER_DEFAULTS: dict = {
     "every": 1, "modules_per_block": 1, "bias_correction": True, "zero_init_up": False,
@@ -108,8 +108,7 @@ def train_side_network(backbone: VisionTransformer, features: Mapping[str, Tenso
     n = check_dataset(source, labels, num_classes)
     net = build_side_network(backbone, m, num_classes=num_classes)
     dev = next(net.parameters()).device
-    opt = torch.optim.AdamW(net.parameters(), lr=m["lr"], weight_decay=m["weight_decay"],
-                            betas=ADAM_BETAS, eps=ADAM_EPS)
+    opt = adamw(net.parameters(), lr=m["lr"], weight_decay=m["weight_decay"])
     keys = source.select(every=m["every"], depth=len(backbone.blocks))
     steps_per_epoch = -(-n // batch_size)
     for step, idx in enumerate(batch_order(n, batch_size=batch_size, epochs=epochs, seed=seed)):

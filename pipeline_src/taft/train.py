@@ -25,8 +25,8 @@ import torch.nn as nn
 from torch.func import functional_call, grad, vmap
 
 from pipeline_src.job.counters import counting
+from pipeline_src.optim.adamw import adamw
 from pipeline_src.optim.schedule import apply_schedule
-from pipeline_src.optim.stacked_adamw import ADAM_BETAS, ADAM_EPS
 from pipeline_src.optim.stacked_training import check_data, member_seeds, stack_params, train_stacked
 from pipeline_src.taft.jvp_layers import primal_grad_mode
 from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
@@ -100,7 +100,7 @@ def train_tangent(model: nn.Module, features: torch.Tensor, labels: torch.Tensor
     model.eval()
     params = model.delta_parameters()
     device, dtype = params[0].device, params[0].dtype
-    opt = torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0)
+    opt = adamw(params, lr=lr, weight_decay=0.0)
     loss_fn = get_loss(loss, alpha, kappa)
     gen = torch.Generator().manual_seed(seed)
     history, steps = [], 0
