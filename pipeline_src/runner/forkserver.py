@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from pipeline_src.runner.code_digest import code_digest
 from pipeline_src.runner.cpu_threads import set_wait_policy
 from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap, resolve
 from pipeline_src.runner.job_stops import stopped_by_signals
@@ -54,14 +55,6 @@ UNPRELOADED_STEPS = ("pipeline_src.steps.report",)
 _HEADER = struct.Struct("!Q")
 PACKAGE = Path(__file__).resolve().parent.parent  # pipeline_src (this file: pipeline_src/runner/forkserver.py)
 _DONE = b"\x01"  # client -> server after it received the exit status; EOF without it: the client died
-
-
-def code_digest(package: Path) -> str:
-    """SHA-1 of the package's Python files (names and bytes): a few ms for this package."""
-    h = hashlib.sha1()
-    for f in sorted(package.rglob("*.py")):
-        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 def socket_path() -> Path:

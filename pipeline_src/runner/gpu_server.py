@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pipeline_src.runner.forkserver import PACKAGE, _ensure_server, _recv, _send, code_digest, listen_at, socket_in_tmp
+from pipeline_src.runner.code_digest import code_digest
+from pipeline_src.runner.forkserver import PACKAGE, _ensure_server, _recv, _send, listen_at, socket_in_tmp
 from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap
 from pipeline_src.runner.job_stops import stopped_by_signals
 from pipeline_src.store.atomic import process_umask
