@@ -1,0 +1,95 @@
+"""AdamW's three torch paths in the default study's training loops: single-tensor, foreach, fused.
+
+Each loop (full fine-tuning of the study's ViT, TAFT-1 and TAFT-4 from cached prefix features) is
+built three times from the same weights, one per optimizer path; one thread; the epochs (527
+images, batch 32) of the three are interleaved in one process, so the machine's drifting speed
+reaches all three alike. `pipeline_src/optim/adamw.py` builds the fused one, as every loop of the
+package now does. Rows go to <out-dir>/optimizer.parquet (`store/benchmark_rows.py`), CPU ms per
+epoch, one row per (loop, path).
+
+    python benchmarks/bench_optimizer.py --epochs 8
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+PATHS = {"single": {"foreach": False}, "foreach": {"foreach": True}}  # fused: pipeline_src.optim.adamw
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=8, help="timed epochs per (loop, path)")
+    p.add_argument("--out-dir", default="results/benchmarks")
+    args = p.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from timm.models.vision_transformer import VisionTransformer
+
+    from pipeline_src.optim.adamw import adamw
+    from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
+    from pipeline_src.taft import TangentViT
+    from pipeline_src.taft.losses import get_loss
+    from pipeline_src.taft.train import tangent_step
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=64, depth=4,
+                            num_heads=4, mlp_ratio=2.0)  # config.yaml's backbone.arch
+    x, y = torch.randn(527, 1, 16, 16), torch.randint(0, 5, (527,))
+    rsl = get_loss("rsl", None, None)
+
+    def optimizer(params, path):
+        return adamw(params, lr=1e-3, weight_decay=0.0) if path == "fused" else \
+            torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0, **PATHS[path])
+
+    def full_loop(path):
+        model = copy.deepcopy(vit).train()
+        opt = optimizer(list(model.parameters()), path)
+
+        def step(idx):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+
+    def taft_loop(k):
+        def build(path):
+            model = TangentViT(copy.deepcopy(vit), k).eval()
+            with torch.no_grad():
+                h = model.prefix(x)
+            opt = optimizer(model.delta_parameters(), path)
+            return lambda idx: tangent_step(model, opt, h[idx], y[idx], rsl)
+        return build
+
+    rows = []
+    for loop, build in {"full": full_loop, "taft-1": taft_loop(1), "taft-4": taft_loop(4)}.items():
+        steps = {path: build(path) for path in (*PATHS, "fused")}
+        times: dict[str, list[float]] = {path: [] for path in steps}
+        for epoch in range(args.epochs + 1):  # the first epoch warms up
+            for path, step in steps.items():
+                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
+                t = time.process_time()
+                for start in range(0, len(y), 32):
+                    step(order[start:start + 32])
+                if epoch:
+                    times[path].append((time.process_time() - t) * 1000)
+        for path, ms in times.items():
+            median = sorted(ms)[len(ms) // 2]
+            print(f"{loop:7s} {path:8s} CPU per epoch: median {median:7.1f} ms, min {min(ms):7.1f} ms")
+            rows.append(benchmark_row("optimizer", f"{loop}/{path}", "cpu",
+                                      {"images": len(y), "batch": 32, "threads": 1, "dtype": "float32"}, ms, None,
+                                      not_measured="the three paths share one process"))
+    print(write_benchmark_rows("optimizer", rows, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
