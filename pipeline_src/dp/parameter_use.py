@@ -83,8 +83,8 @@ def foreign_hooks(model: nn.Module, mode: str, allowed: set[tuple[int, str, int]
                   layers: list[tuple[str, nn.Module, list[str]]] | None = None) -> None:
     """Refuse forward hooks, pre-hooks and instance-level `forward` overrides on the modules that
     hold a trainable parameter (fast and ghost clipping). Global module hooks are not refused here:
-    FlopCounterMode's module tracker (the job's FLOP counter) registers them; one that returns a value
-    or uses a weight is caught by the first-step probe (`first_step_probe`).
+    tools that observe a run register them (torch's `FlopCounterMode` and its module tracker, say); one
+    that returns a value or uses a weight is caught by the first-step probe (`first_step_probe`).
 
     Args:
         model: the model (before wrapping: every hook on it is foreign).

@@ -4,7 +4,7 @@
 - the jobs' benchmark files (`<job>.bench.tsv`, the `jobs` view, `store/job_bench.py`): each job's wall time `s`;
 - the jobs' own counters (`<job>.counters.parquet`, the `job_counters` view, written by
   `store/job_counters.py`): images (or feature rows) through the model, every epoch counted, and
-  the model FLOPs counted by PyTorch's `FlopCounterMode` on the job's first batch;
+  the model FLOPs counted with PyTorch's FLOP formulas on the job's first batch;
 - the jobs' exact peak RSS (`<job>.rss.json`, the `job_rss` view, `store/job_rss.py`): `ru_maxrss`
   from `os.wait4` of the process that reaped the job, its shutdown included.
 
@@ -162,7 +162,7 @@ def efficiency_report(con: duckdb.DuckDBPyConnection, out_dir: Path,
     where = "; ".join(f"{p[1]}: {p[0] / 1e9:.1f} GFLOP/s" for _, p in probes)
     title = ("Per-rule efficiency: wall time (Snakemake benchmark files), peak RSS (wait4 of each job process), "
              "images and model FLOPs (the jobs' "
-             "counters, torch FlopCounterMode) against the measured GEMM peak"
+             "counters, torch's FLOP formulas) against the measured GEMM peak"
              + (f" ({where})" if where else ""))
     formats = {"wall_s": ".1f", "wall_share_pct": ".1f", "in_step_pct": ".0f", "outside_step_s": ".1f", "peak_rss_mb": ".0f", "images": ".0f", "images_per_s": ".1f",
                "gflop_per_image": ".4g", "gflop_per_s": ".3g", "peak_gflop_per_s": ".1f", "peak_pct": ".2f",

@@ -2,9 +2,9 @@
 efficiency table (`reports/efficiency.py`).
 
 A model loop wraps each batch in `counting(phase, images, device)`. Every call adds the batch's
-images to the phase; the first call of a phase in the job runs under PyTorch's
-`FlopCounterMode` (matmuls, convolutions and attention, forward and backward as they run: nothing
-is counted by hand) and gives the phase's FLOPs per image. The FLOPs of a batch do not depend on
+images to the phase; the first call of a phase in the job runs under a FLOP counter
+(`job/counters.flop_counter`: torch's FLOP formulas for matmuls, convolutions and attention, forward
+and backward as they run: nothing is counted by hand) and gives the phase's FLOPs per image. The FLOPs of a batch do not depend on
 which images it holds, only on their number, so one batch measures them. `execute.py` writes the
 counters after the step, beside the job's log: `<log stem>.counters.parquet`, one row.
 
