@@ -1,4 +1,4 @@
-"""Benchmark: N shard models of fc, nlft-1, last and taft-1 trained stacked in one call
+"""Benchmark: N shard models of fc, nlft-k, last and taft-k trained stacked in one call
 (`methods.vectorized.train_shards_vectorized`; taft: `taft.train.train_tangent_vectorized`) against the same N trained one after another by the
 method's own `train` (what N per-shard jobs compute, without their fixed cost of start and load).
 
@@ -31,7 +31,10 @@ from pipeline_src.taft.train import train_tangent_vectorized  # noqa: E402
 ARCH = dict(img_size=28, patch_size=7, in_chans=1, num_classes=5, embed_dim=96, depth=4, num_heads=4, mlp_ratio=2.0)
 METHODS = {"fc": {"kind": "fc"}, "nlft-1": {"kind": "nlft", "k": 1},
            "last": {"kind": "last", "rank": 16, "heads": 4, "every": 2, "modules_per_block": 2},
-           "taft-1": {"kind": "taft", "k": 1, "kappa": 15}}
+           "taft-1": {"kind": "taft", "k": 1, "kappa": 15},
+           # deeper tuned parts (k = 4: every block of the depth-4 backbone, the default study's nlft-4, taft-4)
+           "nlft-2": {"kind": "nlft", "k": 2}, "taft-2": {"kind": "taft", "k": 2, "kappa": 15},
+           "nlft-4": {"kind": "nlft", "k": 4}, "taft-4": {"kind": "taft", "k": 4, "kappa": 15}}
 SETTINGS = {"epochs": 1, "batch_size": 32, "lr": 1e-3, "weight_decay": 0.0, "schedule": None}
 
 

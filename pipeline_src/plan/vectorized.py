@@ -24,18 +24,29 @@ from pipeline_src.plan.search import method_shards
 DEFAULT = "auto"
 
 
-def auto_pays(shards: int, mean_shard_size: float) -> bool:
+def auto_pays(shards: int, mean_shard_size: float, tuned_blocks: int = 1, tangent: bool = False) -> bool:
     """`auto`'s rule, from benchmarks/bench_vectorized_shards.py on the 2-core CPU (README "Training
     shards together"): stacked training took 0.1-1.0x the compute of N separate trainings, and saves
     N - 1 job starts (~0.6 s each), except at N = 2-4 with 200-400-sample shards (nlft, taft:
     1.1-1.4x; over 30 epochs that loses more than the starts saved). Larger shards were not
     measured: per-shard jobs there.
 
+    A tuned part of more than one block (nlft-k, taft-k, k >= 2) stacks worse: every stacked block
+    runs the written-out attention and batched products. Measured at k = 2 and 4 (2026-11-29): nlft
+    1.21-1.66x at every point (N 2-10, 53-264 a shard); taft 0.73-1.02x at 53 a shard, 0.91-1.41x
+    at 132-264. So those vectorize only as taft, and only with shards of <= 64 samples.
+
     Args:
         shards: N.
         mean_shard_size: training samples / N.
+        tuned_blocks: the method's k (blocks tuned or linearized); 1 for the kinds without blocks.
+        tangent: the method is a tangent (taft) model.
     """
-    return shards >= 2 and (mean_shard_size <= 200 or (shards >= 10 and mean_shard_size <= 400))
+    if shards < 2:
+        return False
+    if tuned_blocks > 1:
+        return tangent and mean_shard_size <= 64
+    return mean_shard_size <= 200 or (shards >= 10 and mean_shard_size <= 400)
 
 
 def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
@@ -55,7 +66,8 @@ def is_vectorized(cfg: dict, method: str, shards: int) -> bool:
             return False  # augmentation needs per-shard jobs; auto was measured from cached features
         # Without forget requests (a request must not flip the choice) each seed's N shards partition the
         # training split, so the mean shard size is n / N: no manifests to draw (168 calls in the Fashion study).
-        return auto_pays(shards, train_count(samples_table(cfg)) / shards)
+        return auto_pays(shards, train_count(samples_table(cfg)) / shards,
+                         method_cfg["k"] if kind.tuned_blocks else 1, kind.tangent)
     return True
 
 

@@ -29,13 +29,22 @@ def test_auto_pays_where_measured(n, size, pays):
     assert auto_pays(n, size) is pays
 
 
+@pytest.mark.parametrize("n, size, k, tangent, pays", [(4, 132, 4, True, False), (10, 53, 4, True, True),
+                                                       (10, 53, 2, False, False), (4, 132, 1, False, True),
+                                                       (1, 53, 4, True, False)])
+def test_deeper_tuned_parts_stack_only_as_taft_on_small_shards(n, size, k, tangent, pays):
+    assert auto_pays(n, size, k, tangent) is pays
+
+
 def test_auto_by_kind_and_shard_size_explicit_choices_win():
     cfg = _cfg([1, 2, 4], {"fc": {"kind": "fc"}, "last": {"kind": "last", "rank": 4, "heads": 2},
                            "nlft-off": {"kind": "nlft", "k": 1, "vectorized_shards": False},
                            "taft": {"kind": "taft", "k": 1}, "taft-on": {"kind": "taft", "k": 1, "vectorized_shards": True},
-                           "full": {"kind": "full"}})
+                           "full": {"kind": "full"}, "nlft-4": {"kind": "nlft", "k": 4},
+                           "taft-4": {"kind": "taft", "k": 4}})
     on = {(m, n) for m in cfg["methods"] for n in cfg["shards"] if is_vectorized(cfg, m, n)}
-    # auto: N = 4 (~132 a shard) pays, N = 2 (~264) does not, N = 1 never; full has no vectorized path
+    # auto: N = 4 (~132 a shard) pays, N = 2 (~264) does not, N = 1 never; full has no vectorized path;
+    # a 4-block tuned part not at ~132 a shard
     assert on == {("fc", 4), ("last", 4), ("taft", 4), ("taft-on", 1), ("taft-on", 2), ("taft-on", 4)}
     assert {(m, n) for m, n, _, _ in vectorized_jobs(cfg)} == on
 
