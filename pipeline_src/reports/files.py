@@ -32,6 +32,30 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
+def plain_log_ticks(axis, at=None) -> None:
+    """Label a log (or symlog) axis in plain numbers ("%g"): at the study's values `at` (no minor
+    labels), or else where matplotlib's log scale would. Its default labels are mathtext
+    ("10^{-2}"), whose parser costs the report ~0.5 s to build.
+
+    Args:
+        axis: `ax.xaxis` or `ax.yaxis`, already log- or symlog-scaled.
+        at: tick positions (e.g. the learning rates of a grid); None: the scale's own.
+    """
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+
+    class PlainLogFormatter(LogFormatter):  # the scale's choice of labels, written "0.6", not "6e-01"
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:g}"
+
+    if at is None:
+        axis.set_major_formatter(PlainLogFormatter())
+        axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+        return
+    axis.set_ticks(sorted(set(at)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def has_rows(con, view: str, where: str) -> bool:
     """Whether `view` exists (its files may not, yet) and has a row matching the SQL `where`."""
     views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}

@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline_src.reports.files import has_rows, save_png, save_table  # noqa: E402
+from pipeline_src.reports.files import has_rows, plain_log_ticks, save_png, save_table  # noqa: E402
 
 POINT = ["lr", "rank", "heads", "every", "modules_per_block", "bias_correction", "init_seed"]
 
@@ -55,6 +55,7 @@ def last_grid(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
         ax.plot(part["lr"], part["test_accuracy"], marker="o",
                 label=f"{method} N={n} rank={rank} heads={heads} g={g} T={t} bc={int(bc)} seed={seed}")
     ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis, df["lr"])
     ax.set_xlabel("learning rate")
     ax.set_ylabel("test accuracy")
     ax.set_title("LAST grid: test accuracy vs learning rate", fontsize=10)

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pipeline_src.reports.files import plain_log_ticks  # noqa: E402
 from pipeline_src.reports.files import save_png as _savefig  # noqa: E402
 from pipeline_src.reports.files import save_table as _save
 
@@ -92,10 +93,12 @@ def unlearning_retrain(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Pa
             ax.set_xscale("symlog", linthresh=positive.min() if len(positive) else 1e-3)
         else:
             ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis, df.fraction)
         ax.set_xlabel("forgotten fraction of the training set (0: one sample)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     ax_time.set_yscale("log")
+    plain_log_ticks(ax_time.yaxis)
     ax_acc.set_title("Accuracy after forgetting")
     ax_time.set_title("Time to forget")
     return paths + [_savefig(fig, out_dir / "unlearning_retrain.png")]
