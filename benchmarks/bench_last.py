@@ -254,14 +254,13 @@ def main() -> None:
         print(f"  {grid_case} vs one LAST network: memory {g_mem / one_mem:.2f}x   time {g_t / one_t:.2f}x{cpu_txt}")
     print("  goals: LAST memory <= 25% and time <= 50% of full FT; grid16 <= 3x one network")
     if "last" in registered and grid_case in registered:
-        # The arithmetic of the grid ratio: FLOPs per step (torch FlopCounterMode), attention apart.
-        print("model FLOPs per step (FlopCounterMode; attention = SDPA forward + backward):")
+        # The arithmetic of the grid ratio: FLOPs per step (the jobs' counter), attention apart.
+        print("model FLOPs per step (torch's formulas; attention = SDPA forward + backward):")
         counts = {}
         for case in ("last", grid_case):
             with flop_counter() as fc:
                 registered[case][0]()
-            by_op = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
-            attn = sum(v for k, v in by_op.items() if "attention" in k)
+            attn = sum(v for k, v in fc.flops_by_op.items() if "attention" in k)
             counts[case] = (fc.get_total_flops(), attn)
             print(f"  {case:12s} {fc.get_total_flops() / 1e9:8.3f} GFLOP, of which attention {attn / 1e9:.3f}")
         (one, one_a), (grid_f, grid_a) = counts["last"], counts[grid_case]

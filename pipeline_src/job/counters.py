@@ -73,7 +73,7 @@ _COUNTER: list[type] = []
 
 def _counter_class() -> type:
     """A dispatch mode that runs every op as it is and sums the FLOPs of those the registry knows,
-    in total and by math mode (`flops_by_math`).
+    in total, by math mode (`flops_by_math`) and by op (`flops_by_op`).
 
     Why not torch's `FlopCounterMode`, which sums the same formulas: it also attributes every op to
     the modules it runs in (global module hooks, a tree of counts), which this job's counters never
@@ -96,9 +96,10 @@ def _counter_class() -> type:
             self.flop_registry = flop_registry
             self.total = 0
             self.flops_by_math: dict[str, int] = {}
+            self.flops_by_op: dict[str, int] = {}  # by aten op packet, e.g. "aten.mm"
 
         def __enter__(self):
-            self.total, self.flops_by_math, self._tf32 = 0, {}, tf32_enabled()
+            self.total, self.flops_by_math, self.flops_by_op, self._tf32 = 0, {}, {}, tf32_enabled()
             return super().__enter__()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -111,6 +112,8 @@ def _counter_class() -> type:
                     flops = formula(*args, **kwargs, out_val=out)
                     mode = math_mode(first.device.type, str(first.dtype).removeprefix("torch."), self._tf32)
                     self.flops_by_math[mode] = self.flops_by_math.get(mode, 0) + flops
+                    op = str(func._overloadpacket)
+                    self.flops_by_op[op] = self.flops_by_op.get(op, 0) + flops
                     self.total += flops
             return out
 

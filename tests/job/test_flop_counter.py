@@ -77,6 +77,7 @@ def test_totals_equal_torchs_flop_counter(case) -> None:
     assert ref.get_total_flops() > 0
     assert got.get_total_flops() == ref.get_total_flops()
     assert got.flops_by_math == {"float64": got.get_total_flops()}
+    assert got.flops_by_op == {str(op): n for op, n in ref.get_flop_counts()["Global"].items()}
 
 
 def test_counts_the_cpu_attention_kernel_and_leaves_other_ops_alone() -> None:
