@@ -29,7 +29,7 @@ from pipeline_src.optim.adamw import adamw
 from pipeline_src.optim.schedule import apply_schedule
 from pipeline_src.optim.stacked_training import check_data, member_seeds, stack_params, train_stacked
 from pipeline_src.taft.jvp_layers import primal_grad_mode
-from pipeline_src.taft.losses import delta_l2_penalty, get_loss, project_to_ball
+from pipeline_src.taft.losses import add_l2_penalty_gradient_, delta_l2_penalty, get_loss, project_to_ball
 from pipeline_src.taft.primal_gradient import primal_gradient_backward
 from pipeline_src.vit.parts import FromPrefix
 
@@ -53,10 +53,7 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
     """
     def loss_of() -> torch.Tensor:
         logits = model(inputs) if from_images else model.forward_from_prefix(inputs)
-        loss = loss_fn(logits, labels)
-        if weight_decay_l2:
-            loss = loss + weight_decay_l2 * delta_l2_penalty(model)
-        return loss
+        return loss_fn(logits, labels)
 
     opt.zero_grad(set_to_none=True)
     if through_primal:
@@ -64,6 +61,8 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
     else:
         loss = loss_of()
         loss.backward()
+    if weight_decay_l2:  # the penalty's gradient added directly (`add_l2_penalty_gradient_`)
+        loss = loss.detach() + add_l2_penalty_gradient_(model.delta_parameters(), weight_decay_l2)
     opt.step()
     if radius is not None:
         project_to_ball(model, radius)

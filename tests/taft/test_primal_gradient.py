@@ -159,3 +159,20 @@ def test_vectorized_gradients_through_the_primal(family: str) -> None:
         (loss_fn(model.forward_from_prefix(h[s][keep]), y[s][keep]) + wd * delta_l2_penalty(model)).backward()
         assert_same({n: p.grad for n, p in model.named_delta_parameters()},
                     {n[len("tuned."):]: got[n][s] for n in got})
+
+
+@pytest.mark.parametrize("through_primal", [True, False])
+def test_the_l2_penalty_gradient_equals_autograd_through_the_penalty(through_primal: bool) -> None:
+    # tangent_step adds 2·λ·Δ to the data gradient directly (`add_l2_penalty_gradient_`); the
+    # reference puts λ·‖Δ‖² in the loss and backpropagates through it.
+    model = TangentViT(make_base(init_values=0.3), 2, delta_init_std=0.05)
+    feats, labels, wd = model.prefix(images(6)), torch.arange(6) % 5, 0.5
+    loss_fn = get_loss("rsl")
+    model.zero_grad(set_to_none=True)
+    ref_loss = loss_fn(model.forward_from_prefix(feats), labels) + wd * delta_l2_penalty(model)
+    ref_loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_delta_parameters()}
+    opt = torch.optim.SGD(model.delta_parameters(), lr=0.0)  # the step leaves Δ and its .grad
+    loss = tangent_step(model, opt, feats, labels, loss_fn, wd, through_primal=through_primal)
+    assert loss == pytest.approx(float(ref_loss), rel=1e-12)
+    assert_same(ref, {n: p.grad for n, p in model.named_delta_parameters()})

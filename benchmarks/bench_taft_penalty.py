@@ -1,0 +1,83 @@
+"""TAFT's L2 penalty on Δw in a training step: in the loss through autograd (before 2026-11-29)
+against its gradient added directly (`taft.losses.add_l2_penalty_gradient_`, what `tangent_step`
+does now).
+
+The default study's ViT, TAFT-1 and TAFT-4 from cached prefix features, λ = 1e-5 (the taft
+default), one thread, epochs of 527 images in batches of 32; the two ways interleaved epoch by
+epoch in one process, so the machine's drifting speed reaches both alike. Rows go to
+<out-dir>/taft_penalty.parquet (`store/benchmark_rows.py`), CPU ms per epoch.
+
+    python benchmarks/bench_taft_penalty.py --epochs 8
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+L2 = 1e-5
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=8, help="timed epochs per (k, way)")
+    p.add_argument("--out-dir", default="results/benchmarks")
+    args = p.parse_args()
+
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    from pipeline_src.optim.adamw import adamw
+    from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
+    from pipeline_src.taft import TangentViT
+    from pipeline_src.taft.losses import delta_l2_penalty, get_loss
+    from pipeline_src.taft.primal_gradient import primal_gradient_backward
+    from pipeline_src.taft.train import tangent_step
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=64, depth=4,
+                            num_heads=4, mlp_ratio=2.0)  # config.yaml's backbone.arch
+    x, y = torch.randn(527, 1, 16, 16), torch.randint(0, 5, (527,))
+    rsl = get_loss("rsl", None, None)
+
+    def in_the_loss(model, opt, h, labels):
+        opt.zero_grad(set_to_none=True)
+        primal_gradient_backward(model, lambda: rsl(model.forward_from_prefix(h), labels) + L2 * delta_l2_penalty(model))
+        opt.step()
+
+    rows = []
+    for k in (1, 4):
+        steps = {}
+        for way in ("in-the-loss", "gradient-added"):
+            model = TangentViT(copy.deepcopy(vit), k).eval()
+            with torch.no_grad():
+                h = model.prefix(x)
+            opt = adamw(model.delta_parameters(), lr=1e-3, weight_decay=0.0)
+            step = in_the_loss if way == "in-the-loss" else (lambda m, o, f, lab: tangent_step(m, o, f, lab, rsl, L2))
+            steps[way] = (step, model, opt, h)
+        times: dict[str, list[float]] = {way: [] for way in steps}
+        for epoch in range(args.epochs + 1):  # the first epoch warms up
+            for way, (step, model, opt, h) in steps.items():
+                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
+                t = time.process_time()
+                for start in range(0, len(y), 32):
+                    idx = order[start:start + 32]
+                    step(model, opt, h[idx], y[idx])
+                if epoch:
+                    times[way].append((time.process_time() - t) * 1000)
+        for way, ms in times.items():
+            print(f"taft-{k} {way:15s} CPU per epoch: median {sorted(ms)[len(ms) // 2]:7.1f} ms, min {min(ms):7.1f} ms")
+            rows.append(benchmark_row("taft_penalty", f"taft-{k}/{way}", "cpu",
+                                      {"images": len(y), "batch": 32, "threads": 1, "dtype": "float32", "l2": L2},
+                                      ms, None, not_measured="the two ways share one process"))
+    print(write_benchmark_rows("taft_penalty", rows, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
