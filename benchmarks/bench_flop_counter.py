@@ -19,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
 
     import torch
     import torch.nn.functional as F
-    from timm.models.vision_transformer import VisionTransformer
+    from default_study_model import default_vit_and_data
     from torch.utils.flop_counter import FlopCounterMode
 
     from pipeline_src.job.counters import flop_counter
@@ -42,10 +43,7 @@ def main() -> None:
     from pipeline_src.taft.train import tangent_step
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    vit = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=64, depth=4,
-                            num_heads=4, mlp_ratio=2.0)  # config.yaml's backbone.arch
-    x, y = torch.randn(32, 1, 16, 16), torch.randint(0, 5, (32,))
+    vit, x, y = default_vit_and_data(32)  # config.yaml's backbone.arch
     opt = adamw(list(vit.parameters()), lr=1e-3, weight_decay=0.0)
 
     def full_step():

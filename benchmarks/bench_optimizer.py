@@ -19,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 PATHS = {"single": {"foreach": False}, "foreach": {"foreach": True}}  # fused: pipeline_src.optim.adamw
 
@@ -31,7 +32,7 @@ def main() -> None:
 
     import torch
     import torch.nn.functional as F
-    from timm.models.vision_transformer import VisionTransformer
+    from default_study_model import default_vit_and_data
 
     from pipeline_src.optim.adamw import adamw
     from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
@@ -40,10 +41,7 @@ def main() -> None:
     from pipeline_src.taft.train import tangent_step
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    vit = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=64, depth=4,
-                            num_heads=4, mlp_ratio=2.0)  # config.yaml's backbone.arch
-    x, y = torch.randn(527, 1, 16, 16), torch.randint(0, 5, (527,))
+    vit, x, y = default_vit_and_data()  # config.yaml's backbone.arch
     rsl = get_loss("rsl", None, None)
 
     def optimizer(params, path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 L2 = 1e-5
 
@@ -30,7 +31,7 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from timm.models.vision_transformer import VisionTransformer
+    from default_study_model import default_vit_and_data
 
     from pipeline_src.optim.adamw import adamw
     from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
@@ -40,10 +41,7 @@ def main() -> None:
     from pipeline_src.taft.train import tangent_step
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    vit = VisionTransformer(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=64, depth=4,
-                            num_heads=4, mlp_ratio=2.0)  # config.yaml's backbone.arch
-    x, y = torch.randn(527, 1, 16, 16), torch.randint(0, 5, (527,))
+    vit, x, y = default_vit_and_data()  # config.yaml's backbone.arch
     rsl = get_loss("rsl", None, None)
 
     def in_the_loss(model, opt, h, labels):

@@ -1,0 +1,34 @@
+"""The default study's ViT and a random training set of its size, for the benchmarks that time its
+training loops (`bench_optimizer.py`, `bench_flop_counter.py`, `bench_taft_penalty.py`).
+
+The architecture is `config.yaml`'s `backbone.arch`, built as the `pretrain` step builds it
+(`data/backbone.embedded_vit_kwargs`), so the benchmarks follow the config when it changes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_TRAIN = 527  # the default study's target training split (digits 5-9)
+
+
+def default_vit_and_data(images: int = TARGET_TRAIN, seed: int = 0):
+    """(ViT with random weights, images (n, C, H, W), labels (n,)), all drawn after `torch.manual_seed(seed)`.
+
+    Args:
+        images: how many random images (and labels over the 5 target classes).
+        seed: torch's seed, set first.
+    """
+    import torch
+    import yaml
+    from timm.models.vision_transformer import VisionTransformer
+
+    from pipeline_src.data.backbone import embedded_vit_kwargs
+    from pipeline_src.plan.config import validate_config
+
+    cfg = validate_config(yaml.safe_load((REPO / "config.yaml").read_text()), count_samples=False)
+    kwargs = embedded_vit_kwargs(cfg, num_classes=5)
+    torch.manual_seed(seed)
+    vit = VisionTransformer(**kwargs)
+    x = torch.randn(images, kwargs["in_chans"], kwargs["img_size"], kwargs["img_size"])
+    return vit, x, torch.randint(0, kwargs["num_classes"], (images,))
