@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,8 +77,7 @@ def counters_path(log: str | Path) -> Path:
 
 def write_counters(log: str | Path, rule: str, step_wall_s: float) -> Path:
     """Write this job's counters beside its log (one row; `COUNTERS_SCHEMA`)."""
-    import torch
-
+    torch = sys.modules.get("torch")  # not imported here: a step without torch computed on one thread
     images = sum(p.images for p in PHASES.values()) or LOGGED["images"]
     measured = [p for p in PHASES.values() if p.flops_per_image is not None]
     device = _DEVICE.get("device", "cpu")
@@ -87,7 +87,7 @@ def write_counters(log: str | Path, rule: str, step_wall_s: float) -> Path:
         "flop_images": sum(p.images for p in measured),
         "phases": json.dumps({k: {"images": p.images, "flops_per_image": p.flops_per_image, "math": p.math}
                               for k, p in sorted(PHASES.items())}),
-        "device": device, "math": main_math({p.math: p.images * p.flops_per_image for p in measured if p.math}), "device_name": device_name(device), "threads": torch.get_num_threads(),
+        "device": device, "math": main_math({p.math: p.images * p.flops_per_image for p in measured if p.math}), "device_name": device_name(device), "threads": torch.get_num_threads() if torch is not None else 1,
         "step_wall_s": step_wall_s, "created_at": datetime.now(timezone.utc),
     }
     path = counters_path(log)

@@ -14,18 +14,30 @@ from pipeline_src.runner.job_process import JobExit
 from pipeline_src.runner.step_args import StepArgs
 from tests.conftest import REPO
 
-# What a job process imports before its step's main: the job process, `execute`, the job's counters.
-JOB_PROCESS_IMPORTS = ("pipeline_src.runner.job_process", "pipeline_src.runner.execute", "pipeline_src.store.job_counters")
+# A real job of each step, run by `execute` as a job process runs it (its counters written too),
+# then what it imported of the heavy libraries.
+JOBS = {
+    "signature": "StepArgs(output=Paths([out], {'signature': out}), params={'value': '{\"a\": 1}'}, "
+                 "wildcards={'name': 'x'}, log=Paths([log]), rule='signature')",
+    "forget.manifest": "StepArgs(output=Paths([out], {'manifest': out}), params={'members': ['a', 'b'], 'forgotten': ['b']}, "
+                       "wildcards={'shard': '0'}, log=Paths([log]), rule='forget_manifest', runtime={'private_workspace': False})",
+}
 
 
 @pytest.mark.parametrize("step", sorted(launch.OWN_PROCESS_STEPS))
-def test_a_step_of_its_own_process_imports_no_torch(step):
-    code = ("import importlib, json, sys\n"
-            f"for m in {JOB_PROCESS_IMPORTS + ('pipeline_src.steps.' + step,)!r}: importlib.import_module(m)\n"
-            "print(json.dumps(sorted(k for k in ('torch', 'timm', 'opacus') if k in sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+def test_a_job_of_its_own_process_imports_no_torch(step, tmp_path):
+    out, log, result = tmp_path / "out", tmp_path / "job.log", tmp_path / "result.json"
+    code = ("import json, sys\nfrom pipeline_src.runner.execute import execute\n"
+            "from pipeline_src.runner.step_args import Paths, StepArgs\n"
+            f"out, log = {str(out)!r}, {str(log)!r}\n"
+            f"code = execute({step!r}, {JOBS[step]})\n"
+            "heavy = sorted(k for k in ('torch', 'timm', 'opacus') if k in sys.modules)\n"
+            f"open({str(result)!r}, 'w').write(json.dumps([code, heavy]))")  # stdout went to the job's log
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(result.read_text()) == [0, []], log.read_text()[-2000:]
+    assert out.exists()
 
 
 def test_launch_runs_them_in_their_own_process_and_the_others_in_the_fork_server(monkeypatch):
