@@ -10,9 +10,8 @@ file, and `pipeline_src.steps.<step>.main(StepArgs)` runs in a worker of the GPU
 it runs a model on a GPU (`pipeline_src/runner/gpu_server.py`: one CUDA context per worker, not
 per job), else in a child of the local fork server (`pipeline_src/runner/forkserver.py`, which
 saves the seconds of importing torch per job) or, with `PIPELINE_FORKSERVER=0`, inside a Slurm
-job, under `--sdm conda` (in the rule's env's Python), for a step that imports no torch
-(`OWN_PROCESS_STEPS`), or when no server can be started, in a process of its own
-(`pipeline_src/runner/job_process.py`). The process that reaps the job
+job, under `--sdm conda` (in the rule's env's Python), or when no server can be started, in a
+process of its own (`pipeline_src/runner/job_process.py`). The process that reaps the job
 measures its exact peak RSS with `os.wait4` (a GPU worker, reused, its high-water mark during
 the job), and `launch` writes it beside the log, `<log stem>.rss.json` (`store/job_rss.py`).
 
@@ -39,12 +38,6 @@ from pipeline_src.runner.step_args import from_job
 from pipeline_src.store.atomic import run_owner_is_me
 from pipeline_src.store.job_bench import bench_path, write_job_bench
 from pipeline_src.store.job_rss import clear_job_rss, write_job_rss
-
-# Steps that import no torch (`tests/runner/test_own_process_steps.py`): each runs in a fresh
-# process of its own (~0.17 CPU-s), not in a fork-server child. At a study's start the server spends
-# 5-8 s importing torch while one core idles; the 29 signature and manifest jobs of the default study
-# waited for it, then ran 1.6 s ahead of `prepare` and `pretrain` (docs/performance.md).
-OWN_PROCESS_STEPS = frozenset({"signature", "forget.manifest"})
 
 
 class StepFailed(Exception):
@@ -121,7 +114,7 @@ def launch(step: str, args, python: str | None = None) -> int:
             done = run_in_gpu_server(step, args, env=env)  # the client's death or signal stops the job's worker
             how = "VmHWM: gpu-server worker"
         # Not inside a Slurm job: a server started there would outlive the job's allocation.
-        if done is None and python is None and step not in OWN_PROCESS_STEPS and uses_fork_server():
+        if done is None and python is None and uses_fork_server():
             from pipeline_src.runner.forkserver import run_in_server
 
             done = run_in_server(step, args, child.append, env=env)
