@@ -66,7 +66,6 @@ def test_a_step_with_its_own_threshold_gets_it_after_the_default(monkeypatch):
 # that keeps 1 MiB a step, calling `release_freed` after each step as the job loops do; print the
 # number of real trims (glibc's malloc_trim, counted) in each, and the RSS growth of the first.
 TRIM_PROBE = """
-import sys
 import numpy as np
 from pipeline_src.job import glibc_malloc as gm
 assert gm.set_mmap_threshold(4 << 20)
