@@ -64,6 +64,9 @@ if workflow.is_main_process:  # once per run: not again in each Slurm or subproc
     from pipeline_src.plan.producer_memo import remember_producers
 
     remember_producers()  # the DAG searches each file's producers once, not once per job reading it
+    from pipeline_src.plan.function_params_memo import remember_function_params
+
+    remember_function_params()  # each rule function's signature inspected once, not twice per job
     from pipeline_src.runner.job_stops import forward_interrupts
 
     forward_interrupts()  # Ctrl-C stops the jobs that run in this process's threads
