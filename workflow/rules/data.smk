@@ -4,9 +4,7 @@ rule prepare:
         images=f"{R}/prepare/images.npy",
     log:
         f"{R}/logs/prepare/prepare.log",
-    # above the signatures: at the start both cores are free only until two 1-thread jobs take
-    # them, and every later pass then finds one core free, where 2 threads do not fit
-    priority: 11
+    priority: 10  # the chain every model job waits on: first
     conda:
         "../envs/pipeline.yaml"
     threads: 2  # decoding threads
