@@ -16,7 +16,7 @@ path (`jvp_layers` module docstring), so DP training keeps the tangent graph.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -25,7 +25,8 @@ from pipeline_src.taft.jvp_layers import primal_grad_mode
 
 
 @contextlib.contextmanager
-def primal_gradient(model: nn.Module) -> Iterator[list[tuple[torch.Tensor, nn.Parameter]]]:
+def primal_gradient(model: nn.Module, pairs: Optional[list[tuple[torch.Tensor, nn.Parameter]]] = None
+                    ) -> Iterator[list[tuple[torch.Tensor, nn.Parameter]]]:
     """Within: the tangent ops run without autograd and the base tensors require grad.
 
     Yields the (base, Δ) pairs; call `move_gradients_` after the backward. On exit the base
@@ -33,8 +34,9 @@ def primal_gradient(model: nn.Module) -> Iterator[list[tuple[torch.Tensor, nn.Pa
 
     Args:
         model: a `TangentViT`.
+        pairs: its `base_delta_parameters()`, looked up once per training run (None: here).
     """
-    pairs = model.base_delta_parameters()
+    pairs = model.base_delta_parameters() if pairs is None else pairs
     for w, _ in pairs:
         w.requires_grad_(True)
     try:
@@ -54,15 +56,17 @@ def move_gradients_(pairs: list[tuple[torch.Tensor, nn.Parameter]]) -> None:
         w.grad = None
 
 
-def primal_gradient_backward(model: nn.Module, loss_of: Callable[[], torch.Tensor]) -> torch.Tensor:
+def primal_gradient_backward(model: nn.Module, loss_of: Callable[[], torch.Tensor],
+                             pairs: Optional[list[tuple[torch.Tensor, nn.Parameter]]] = None) -> torch.Tensor:
     """Run `loss_of()` (a forward of `model` and its loss) and its backward through the primal
     network, leaving ∇_Δw in the Δ parameters' `.grad`; returns the (detached) loss.
 
     Args:
         model: a `TangentViT`.
         loss_of: computes the loss from `model`'s forward; called once, inside the context.
+        pairs: as `primal_gradient`'s.
     """
-    with primal_gradient(model) as pairs:
+    with primal_gradient(model, pairs) as pairs:
         loss = loss_of()
         loss.backward()
         move_gradients_(pairs)
