@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +30,7 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from default_study_model import default_vit_and_data
+    from default_study_model import default_vit_and_data, interleaved_epoch_ms
 
     from pipeline_src.optim.adamw import adamw
     from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
@@ -58,17 +57,8 @@ def main() -> None:
                 h = model.prefix(x)
             opt = adamw(model.delta_parameters(), lr=1e-3, weight_decay=0.0)
             step = in_the_loss if way == "in-the-loss" else (lambda m, o, f, lab: tangent_step(m, o, f, lab, rsl, L2))
-            steps[way] = (step, model, opt, h)
-        times: dict[str, list[float]] = {way: [] for way in steps}
-        for epoch in range(args.epochs + 1):  # the first epoch warms up
-            for way, (step, model, opt, h) in steps.items():
-                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
-                t = time.process_time()
-                for start in range(0, len(y), 32):
-                    idx = order[start:start + 32]
-                    step(model, opt, h[idx], y[idx])
-                if epoch:
-                    times[way].append((time.process_time() - t) * 1000)
+            steps[way] = (lambda idx, step=step, m=model, o=opt, h=h: step(m, o, h[idx], y[idx]))
+        times = interleaved_epoch_ms(steps, len(y), args.epochs)
         for way, ms in times.items():
             print(f"taft-{k} {way:15s} CPU per epoch: median {sorted(ms)[len(ms) // 2]:7.1f} ms, min {min(ms):7.1f} ms")
             rows.append(benchmark_row("taft_penalty", f"taft-{k}/{way}", "cpu",

@@ -6,7 +6,8 @@ ViT-B/16's compute, not for the default study's small ViT, whose steps are mostl
 default study's ViT, TAFT-1 and TAFT-4 from cached prefix features, λ = 1e-5 (the taft default), one
 thread, epochs of 527 images in batches of 32; the two ways interleaved epoch by epoch in one
 process, so the machine's drifting speed reaches both alike. Rows go to
-<out-dir>/taft_step_lookups.parquet (`store/benchmark_rows.py`), CPU ms per epoch.
+<out-dir>/taft_step_lookups.parquet (`store/benchmark_rows.py`), CPU ms per epoch; and the two lookups
+timed alone (ms per step), the firmer figure where the epochs' medians move by a few per cent.
 
     python benchmarks/bench_taft_step_lookups.py --epochs 8
 """
@@ -33,7 +34,7 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from default_study_model import default_vit_and_data
+    from default_study_model import default_vit_and_data, interleaved_epoch_ms
 
     from pipeline_src.optim.adamw import adamw
     from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
@@ -46,7 +47,7 @@ def main() -> None:
     rsl = get_loss("rsl", None, None)
     rows = []
     for k in (1, 4):
-        ways = {}
+        steps, models = {}, {}
         for way in ("every-step", "once-per-run"):
             model = TangentViT(copy.deepcopy(vit), k).eval()
             with torch.no_grad():
@@ -54,17 +55,18 @@ def main() -> None:
             params, pairs = model.delta_parameters(), model.base_delta_parameters()
             opt = adamw(params, lr=1e-3, weight_decay=0.0)
             looked_up = {} if way == "every-step" else {"params": params, "pairs": pairs}
-            ways[way] = (model, opt, h, looked_up)
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for epoch in range(args.epochs + 1):  # the first epoch warms up
-            for way, (model, opt, h, looked_up) in ways.items():
-                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
-                t = time.process_time()
-                for start in range(0, len(y), 32):
-                    idx = order[start:start + 32]
-                    tangent_step(model, opt, h[idx], y[idx], rsl, L2, **looked_up)
-                if epoch:
-                    times[way].append((time.process_time() - t) * 1000)
+            models[way] = model
+            steps[way] = (lambda idx, m=model, o=opt, h=h, kw=looked_up: tangent_step(m, o, h[idx], y[idx], rsl, L2, **kw))
+        times = interleaved_epoch_ms(steps, len(y), args.epochs)
+        model = models["every-step"]
+        t, calls = time.process_time(), 500
+        for _ in range(calls):  # what every-step adds to each step: both lookups
+            model.delta_parameters(), model.base_delta_parameters()
+        lookup_ms = (time.process_time() - t) / calls * 1000
+        print(f"taft-{k} both lookups: {lookup_ms * 1000:.0f} us a step, "
+              f"{100 * lookup_ms * -(-len(y) // 32) / statistics.median(times['every-step']):.1f} % of an epoch")
+        rows.append(benchmark_row("taft_step_lookups", f"taft-{k}/lookups", "cpu", {"calls": calls, "threads": 1},
+                                  [lookup_ms], None, not_measured="a lookup allocates a list of references"))
         for way, ms in times.items():
             print(f"taft-{k} {way:13s} CPU per epoch: median {statistics.median(ms):7.1f} ms, min {min(ms):7.1f} ms")
             rows.append(benchmark_row("taft_step_lookups", f"taft-{k}/{way}", "cpu",

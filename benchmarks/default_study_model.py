@@ -32,3 +32,29 @@ def default_vit_and_data(images: int = TARGET_TRAIN, seed: int = 0):
     vit = VisionTransformer(**kwargs)
     x = torch.randn(images, kwargs["in_chans"], kwargs["img_size"], kwargs["img_size"])
     return vit, x, torch.randint(0, kwargs["num_classes"], (images,))
+
+
+def interleaved_epoch_ms(steps: dict, images: int, epochs: int, batch: int = 32) -> dict[str, list[float]]:
+    """CPU ms per epoch of each way's training step, the ways interleaved epoch by epoch in this
+    process (the machine's drifting speed reaches each alike); the first epoch warms up, untimed.
+
+    Args:
+        steps: way -> `step(idx)`, one optimizer step on the images at `idx`.
+        images: the training set's size; each epoch visits it in a seeded order, the same for every way.
+        epochs: timed epochs.
+        batch: images per step.
+    """
+    import time
+
+    import torch
+
+    times: dict[str, list[float]] = {way: [] for way in steps}
+    for epoch in range(epochs + 1):
+        for way, step in steps.items():
+            order = torch.randperm(images, generator=torch.Generator().manual_seed(epoch))
+            t = time.process_time()
+            for start in range(0, images, batch):
+                step(order[start:start + batch])
+            if epoch:
+                times[way].append((time.process_time() - t) * 1000)
+    return times
