@@ -37,7 +37,6 @@ from typing import Callable
 
 from pipeline_src.runner.code_digest import code_digest
 from pipeline_src.runner.cpu_threads import set_wait_policy
-from pipeline_src.runner.huge_page_heap import small_pages_as_before, with_huge_page_heap
 from pipeline_src.runner.job_process import EXECUTE, JobExit, fork_in_own_group, kill_group, reap, resolve
 from pipeline_src.runner.job_stops import stopped_by_signals
 from pipeline_src.store.atomic import process_umask
@@ -224,7 +223,6 @@ def _client_gone(conn: socket.socket, done: JobExit) -> int:
 def _child(conn: socket.socket, request: dict) -> None:
     code = 1
     try:
-        small_pages_as_before()  # before the job's environment replaces the server's
         _send(conn, os.getpid())  # its process group's id too (`fork_in_own_group`)
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -255,8 +253,8 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def _ensure_server(path: Path, wait_s: float = 30.0, module: str = "pipeline_src.runner.forkserver",
-                   huge_pages: bool = True) -> socket.socket | None:
+def _ensure_server(path: Path, wait_s: float = 30.0,
+                   module: str = "pipeline_src.runner.forkserver") -> socket.socket | None:
     """Connect to the server listening at `path`, starting `python -m <module> <path>` first if
     none does (one starter at a time); None if none answers within `wait_s`."""
     sock = _connect(path)
@@ -273,7 +271,7 @@ def _ensure_server(path: Path, wait_s: float = 30.0, module: str = "pipeline_src
                 if sock or time.monotonic() > deadline:
                     return sock
                 time.sleep(0.05)
-        sock = _start_unless_listening(path, module, huge_pages=huge_pages)
+        sock = _start_unless_listening(path, module)
         if sock:
             return sock
         deadline = time.monotonic() + wait_s
@@ -355,11 +353,9 @@ def prestart(path: Path | None = None, module: str = "pipeline_src.runner.forkse
     return True  # our copy of the lock is closed; the server's keeps it until it listens
 
 
-def _start_unless_listening(path: Path, module: str, lock_fd: int | None = None,
-                            huge_pages: bool = True) -> socket.socket | None:
+def _start_unless_listening(path: Path, module: str, lock_fd: int | None = None) -> socket.socket | None:
     """With the start lock held: a connection to a server that listens by now, else None after
-    starting one (`python -m <module> <path> [lock fd]`, detached: its own session, quiet; its heap
-    on huge pages unless `huge_pages` is False, `huge_page_heap.py`)."""
+    starting one (`python -m <module> <path> [lock fd]`, detached: its own session, quiet)."""
     sock = _connect(path)
     if sock:
         return sock
@@ -369,7 +365,7 @@ def _start_unless_listening(path: Path, module: str, lock_fd: int | None = None,
     subprocess.Popen([sys.executable, "-m", module, str(path), *([str(lock_fd)] if lock_fd is not None else [])],
                      start_new_session=True, cwd=PACKAGE.parent, pass_fds=(lock_fd,) if lock_fd is not None else (),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     env=(with_huge_page_heap if huge_pages else dict)({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}))
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     return None
 
 

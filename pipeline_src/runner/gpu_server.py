@@ -228,8 +228,7 @@ def run_in_gpu_server(step: str, args, on_worker: Callable[[int], None] | None =
     """
     # Waiting for a starting server is never slower than the fallback, a process that imports the same
     # libraries: 120 s, not the fork server's 30 (a loaded machine took longer than 30 s to import them).
-    sock = _ensure_server(path or socket_path(), wait_s=START_WAIT_S, module="pipeline_src.runner.gpu_server",
-                          huge_pages=False)  # its workers run jobs without `small_pages_as_before`
+    sock = _ensure_server(path or socket_path(), wait_s=START_WAIT_S, module="pipeline_src.runner.gpu_server")
     if sock is None:
         return None
     with sock:
