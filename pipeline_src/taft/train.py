@@ -53,9 +53,9 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
         through_primal: take ∇_Δw as the primal network's backward (`primal_gradient`; the same
             gradient, cheaper); False: autograd through the tangent ops.
         params, pairs: `model.delta_parameters()` and `model.base_delta_parameters()`, looked up once
-            per training run (None: at this step; the module walks cost ~10 % of a step on the default study's ViT).
+            per training run (None: at this step, where needed; the module walks cost 2-3 % of an
+            epoch on the default study's ViT, `benchmarks/bench_taft_step_lookups.py`).
     """
-    params = model.delta_parameters() if params is None else params
     def loss_of() -> torch.Tensor:
         logits = model(inputs) if from_images else model.forward_from_prefix(inputs)
         return loss_fn(logits, labels)
@@ -66,6 +66,8 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
     else:
         loss = loss_of()
         loss.backward()
+    if params is None and (weight_decay_l2 or radius is not None):
+        params = model.delta_parameters()
     if weight_decay_l2:  # the penalty's gradient added directly (`add_l2_penalty_gradient_`)
         loss = loss.detach() + add_l2_penalty_gradient_(params, weight_decay_l2)
     opt.step()
