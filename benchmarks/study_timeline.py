@@ -4,7 +4,10 @@ idle, the time with a single job running, and each rule's CPU (issue 44 §2).
 Each job's benchmark file (`logs/**/<job>.bench.tsv`, `store/job_bench.py`) holds its wall time and
 CPU seconds, and is written as the job ends: its mtime is the job's end, that less the wall time its
 start. From those: the span (first start to last end), the cores' idle core-seconds (cores x span
-less the jobs' CPU), and the seconds with exactly one job running. Rows go to
+less the jobs' CPU), and the seconds with exactly one job running. Beside them, the machine's
+one-thread GEMM peak that the study's own report measured at its end (`report/efficiency.csv`):
+this project's VMs run the same instructions up to half again slower from one hour to the next, and
+the probe says which speed a timing met. Rows go to
 <out-dir>/study_timeline.parquet: one for the study (case `study`), one per rule (`rule/<name>`),
 times in ms; `--label` names a tree when two are compared (old and new, run back to back).
 
@@ -41,6 +44,20 @@ def read_jobs(results: Path) -> list[tuple[float, float, str, float]]:
     return jobs
 
 
+def report_gemm_peak(results: Path) -> float | None:
+    """GFLOP/s of the one-thread float32 GEMM probe the study's report ran (None: no report yet, or no
+    one-thread rule in it)."""
+    import csv
+
+    table = results / "report" / "efficiency.csv"
+    if not table.exists():
+        return None
+    with table.open(newline="") as f:
+        peaks = [float(r["peak_gflop_per_s"]) for r in csv.DictReader(f)
+                 if r.get("threads") in ("1", "1.0") and r.get("math") == "float32" and r.get("peak_gflop_per_s")]
+    return peaks[0] if peaks else None
+
+
 def packing(jobs: list[tuple[float, float, str, float]], cores: int, step_s: float = 0.05) -> dict:
     """The study's span, CPU, idle core-seconds and single-job seconds (sampled every `step_s`)."""
     t0, t1 = min(j[0] for j in jobs), max(j[1] for j in jobs)
@@ -67,14 +84,17 @@ def main() -> None:
     study = packing(jobs, args.cores)
     prefix = f"{args.label}/" if args.label else ""
     common = {"results": str(args.results), "cores": args.cores, "load": list(os.getloadavg())}
+    gemm = report_gemm_peak(args.results)
     no_peak = "a study's timeline: job peaks are in the efficiency report"
-    rows = [benchmark_row("study_timeline", f"{prefix}study", "cpu", {**common, **study}, [study["span_s"] * 1000],
+    rows = [benchmark_row("study_timeline", f"{prefix}study", "cpu", {**common, **study, "gemm_1t_gflop_s": gemm},
+                          [study["span_s"] * 1000],
                           None, not_measured=no_peak)]
     per_rule: dict[str, list[float]] = defaultdict(list)
     for _, _, rule, cpu in jobs:
         per_rule[rule].append(cpu)
     print(f"{prefix}study: span {study['span_s']} s, {study['jobs']} jobs, CPU {study['cpu_s']} s, "
-          f"idle {study['idle_core_s']} core-s ({study['packing_pct']} % packed), one job running {study['one_job_s']} s")
+          f"idle {study['idle_core_s']} core-s ({study['packing_pct']} % packed), one job running {study['one_job_s']} s"
+          + (f"; the report's 1-thread GEMM probe {gemm:.1f} GFLOP/s" if gemm else ""))
     for rule, cpus in sorted(per_rule.items(), key=lambda kv: -sum(kv[1])):
         rows.append(benchmark_row("study_timeline", f"{prefix}rule/{rule}", "cpu",
                                   {**common, "jobs": len(cpus), "cpu_s": round(sum(cpus), 2)},

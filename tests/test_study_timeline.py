@@ -33,3 +33,16 @@ def test_packing_of_a_hand_made_timeline(tmp_path):
 def test_a_folder_without_benchmark_files_is_named(tmp_path):
     with pytest.raises(ValueError, match="no job benchmark files"):
         study_timeline.read_jobs(tmp_path)
+
+
+def test_the_report_gemm_probe_is_the_one_thread_float32_row(tmp_path):
+    results = tmp_path / "x"
+    assert study_timeline.report_gemm_peak(results) is None  # no report yet
+    (results / "report").mkdir(parents=True)
+    (results / "report" / "efficiency.csv").write_text(
+        "rule,threads,math,peak_gflop_per_s\n"
+        "signature,,,\n"            # a rule that counts no FLOPs
+        "pretrain,2,float32,167.9\n"  # two threads: not the one-thread probe
+        "train,1,bfloat16,12.0\n"     # another math mode
+        "train_private,1,float32,87.5\n")
+    assert study_timeline.report_gemm_peak(results) == 87.5

@@ -7,11 +7,14 @@ Two things decide whether a 2-thread job slows down in proportion to its CPU sha
   descheduled by a busy machine, the spinning thread burns its time slice waiting, region after
   region: a pretrain epoch beside 4 busy processes on 2 cores took 7.5-36x its idle time, where the
   CPU share explains 3x (`benchmarks/bench_contention.py`, docs/performance.md). Jobs now spin
-  10,000 times (`GOMP_SPINCOUNT`), then sleep: 3.2-3.9x. Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`)
-  did best under contention but made the epoch about 4x slower without it (each region then waits
-  for its threads to be woken); 3,000 spins 2-3x slower. libgomp reads these when it is loaded, so
-  `set_wait_policy` must run before torch is imported: the fork server (`forkserver.serve`) and a
-  job's own process (`job_process.main`) call it first. A wait policy or spin count the user set wins.
+  1,000 times (`GOMP_SPINCOUNT`), then sleep: the order of libgomp's own short spin for a process it
+  knows has more threads than CPUs (100 by default, 1,000 under `OMP_WAIT_POLICY=ACTIVE`), which it
+  cannot know when the other threads are other processes'. On a 2-core AVX2 AMD EPYC, 1,000 spins gave 3.2-4.2x (median 3.5x, 5 runs) where
+  10,000 gave 3.5-7.7x (median 6.1x, 7 runs), with idle epochs alike (0.25-0.27 s against
+  0.22-0.26 s); sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) cost the idle epoch about 40 %. libgomp
+  reads these when it is loaded, so `set_wait_policy` must run before torch is imported: the fork
+  server (`forkserver.serve`) and a job's own process (`job_process.main`) call it first. A wait
+  policy or spin count the user set wins.
 - How many intra-op threads run. A job declares `threads:`; a process limited by its CPU affinity
   (`taskset`, Slurm's binding) or its cgroup's quota (`cpu.max`, containers, Kubernetes limits)
   to fewer CPUs gets no more threads than it has CPUs (`job_threads`).
@@ -25,7 +28,7 @@ import os
 from pathlib import Path
 
 # Read by libgomp at load time; see the module doc.
-WAIT_POLICY = {"GOMP_SPINCOUNT": "10000"}
+WAIT_POLICY = {"GOMP_SPINCOUNT": "1000"}
 USER_WAIT = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # any of these set by the user: theirs, unchanged
 
 
