@@ -54,7 +54,7 @@ def tangent_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Ten
             gradient, cheaper); False: autograd through the tangent ops.
         params, pairs: `model.delta_parameters()` and `model.base_delta_parameters()`, looked up once
             per training run (None: at this step, where needed; the module walks cost 2-3 % of an
-            epoch on the default study's ViT, `benchmarks/bench_taft_step_lookups.py`).
+            epoch on the default study's ViT, `benchmarks/bench_taft_step.py --compare lookups`).
     """
     def loss_of() -> torch.Tensor:
         logits = model(inputs) if from_images else model.forward_from_prefix(inputs)
