@@ -19,9 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline_src.plan.fusion import MATCHINGS  # noqa: E402
-from pipeline_src.reports.files import has_rows  # noqa: E402
+from pipeline_src.reports.files import has_rows, save_png  # noqa: E402
 from pipeline_src.reports.files import save_table as _save_table
-from pipeline_src.store.atomic import atomic_path  # noqa: E402
 
 ROWS_SQL = """
 SELECT method, shards AS N, json_extract_string(variant, '$.init') AS init,
@@ -81,11 +80,7 @@ def fusion_figure3(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     ax.set_ylabel("‖θ_i − θ_anchor‖₂ (trained parameters)")
     ax.set_title("Distance to the anchor after matching (Figure 3 layout)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out_dir / "fusion_figure3.png"
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    png = save_png(fig, out_dir / "fusion_figure3.png")
     return paths + [png]
 
 

@@ -22,9 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from pipeline_src.reports.claim_rows import private_selected  # noqa: E402
-from pipeline_src.reports.files import has_rows  # noqa: E402
+from pipeline_src.reports.files import has_rows, save_png  # noqa: E402
 from pipeline_src.reports.files import save_table as _save_table
-from pipeline_src.store.atomic import atomic_path  # noqa: E402
 
 REGIME_ORDER = {"full": 0, "bitfit": 1, "layernorm": 2, "fc": 3}
 
@@ -133,11 +132,7 @@ def privacy_plot(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     ax.set_ylabel("test accuracy")
     ax.set_title("DP fine-tuning: accuracy vs ε (whole training split)")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    png = out_dir / "privacy_accuracy.png"
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    png = save_png(fig, out_dir / "privacy_accuracy.png")
     return [png]
 
 

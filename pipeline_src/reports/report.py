@@ -18,8 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pipeline_src.reports.files import save_png  # noqa: E402
 from pipeline_src.reports.files import save_table as _save_table  # noqa: E402
-from pipeline_src.store.atomic import atomic_path  # noqa: E402
 
 ACCURACY_SQL = """
 SELECT method, any_value(kind) AS kind, shards,
@@ -46,11 +46,7 @@ def accuracy_report(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]
     ax.set_ylabel("test accuracy")
     ax.set_title("Accuracy vs shard count (dotted: full-data models)")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    png = out_dir / "accuracy.png"
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    png = save_png(fig, out_dir / "accuracy.png")
     return paths + [png]
 
 
