@@ -9,12 +9,14 @@ Two things decide whether a 2-thread job slows down in proportion to its CPU sha
   CPU share explains 3x (`benchmarks/bench_contention.py`, docs/performance.md). Jobs now spin
   1,000 times (`GOMP_SPINCOUNT`), then sleep: the order of libgomp's own short spin for a process it
   knows has more threads than CPUs (100 by default, 1,000 under `OMP_WAIT_POLICY=ACTIVE`), which it
-  cannot know when the other threads are other processes'. On a 2-core AVX2 AMD EPYC, 1,000 spins gave 3.2-4.2x (median 3.5x, 5 runs) where
-  10,000 gave 3.5-7.7x (median 6.1x, 7 runs), with idle epochs alike (0.25-0.27 s against
-  0.22-0.26 s); sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) cost the idle epoch about 40 %. libgomp
-  reads these when it is loaded, so `set_wait_policy` must run before torch is imported: the fork
-  server (`forkserver.serve`) and a job's own process (`job_process.main`) call it first. A wait
-  policy or spin count the user set wins.
+  cannot know when the other threads are other processes'. On a 2-core AVX2 AMD EPYC, 10,000 spins
+  gave 3.5-7.7x (median 5.3x, 8 runs): in the slow runs the job burnt twice its idle CPU spinning.
+  1,000 gave 3.2-4.7x (median 3.8x, 9 runs) with the job's CPU at its idle figure, at +4-18 % on the
+  idle epoch; what is left above 3x is the two threads' lockstep, which neither sleeping at once
+  (`OMP_WAIT_POLICY=PASSIVE`, +3-68 % idle) nor one thread removes. libgomp reads these when it
+  is loaded, so `set_wait_policy` must run before torch is imported: the fork server
+  (`forkserver.serve`) and a job's own process (`job_process.main`) call it first. A wait policy or
+  spin count the user set wins.
 - How many intra-op threads run. A job declares `threads:`; a process limited by its CPU affinity
   (`taskset`, Slurm's binding) or its cgroup's quota (`cpu.max`, containers, Kubernetes limits)
   to fewer CPUs gets no more threads than it has CPUs (`job_threads`).
