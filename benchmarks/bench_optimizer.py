@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +31,7 @@ def main() -> None:
 
     import torch
     import torch.nn.functional as F
-    from default_study_model import default_vit_and_data
+    from default_study_model import default_vit_and_data, interleaved_epoch_ms
 
     from pipeline_src.optim.adamw import adamw
     from pipeline_src.store.benchmark_rows import benchmark_row, write_benchmark_rows
@@ -71,15 +70,7 @@ def main() -> None:
     rows = []
     for loop, build in {"full": full_loop, "taft-1": taft_loop(1), "taft-4": taft_loop(4)}.items():
         steps = {path: build(path) for path in (*PATHS, "fused")}
-        times: dict[str, list[float]] = {path: [] for path in steps}
-        for epoch in range(args.epochs + 1):  # the first epoch warms up
-            for path, step in steps.items():
-                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
-                t = time.process_time()
-                for start in range(0, len(y), 32):
-                    step(order[start:start + 32])
-                if epoch:
-                    times[path].append((time.process_time() - t) * 1000)
+        times = interleaved_epoch_ms(steps, len(y), args.epochs)
         for path, ms in times.items():
             median = sorted(ms)[len(ms) // 2]
             print(f"{loop:7s} {path:8s} CPU per epoch: median {median:7.1f} ms, min {min(ms):7.1f} ms")

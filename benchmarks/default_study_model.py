@@ -1,5 +1,6 @@
 """The default study's ViT and a random training set of its size, for the benchmarks that time its
-training loops (`bench_optimizer.py`, `bench_flop_counter.py`, `bench_taft_step.py`).
+training loops (`bench_optimizer.py`, `bench_flop_counter.py`, `bench_taft_step.py`), and
+`interleaved_epoch_ms`, which times the epochs of `bench_optimizer.py` and `bench_taft_step.py`.
 
 The architecture is `config.yaml`'s `backbone.arch`, built as the `pretrain` step builds it
 (`data/backbone.embedded_vit_kwargs`), so the benchmarks follow the config when it changes.
