@@ -13,6 +13,8 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/inputs.smk"
+include: "workflow/rules/study_inputs.smk"
 
 
 # The first screen of `snakemake --report`: private workspace, whatever the study (docs/privacy.md).

@@ -1,7 +1,7 @@
 """A training job's settings: the one place the study's `train:` block and a method's own keys merge.
 
 Torch-free: the rules build each training job's signature from it at parse time
-(`workflow/rules/common.smk`, `signature_of`), and the job reads the same merge at run time
+(`workflow/rules/inputs.smk`, `signature_of`), and the job reads the same merge at run time
 (`steps/train.py`), so what a signature covers is exactly what the job uses.
 """
 from __future__ import annotations

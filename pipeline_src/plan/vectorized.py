@@ -8,7 +8,7 @@
   retrains alone in a per-shard job, and only it. The vectorized job's outputs are exactly the
   untouched shards' files, and the per-shard rule is kept off them (`train_method_constraint`),
   so no file has two rules. Its inputs keep all N manifests in shard order, the touched ones as
-  `ancient` (workflow/rules/common.smk): a new request changes neither its inputs nor its
+  `ancient` (workflow/rules/inputs.smk): a new request changes neither its inputs nor its
   params, so the untouched shards do not rerun.
 - `features.cache: auto` on a GPU keeps the cache exactly when some method's shards vectorize
   (`resolve_auto_cache`), so a study plans the same jobs with `device: cuda` as on the CPU.

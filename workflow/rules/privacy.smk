@@ -3,7 +3,7 @@
 # Δw sum, every DP model evaluated. Protocol ours: Poisson DP-SGD; paper: the TAFT paper's
 # full-batch DP-GD (App. A), see pipeline_src/plan/privacy.py. Its metrics join STUDY_METRICS
 # (common.smk) when privacy.enabled, so `report` (and `all`) build them; `snakemake privacy` builds
-# them alone. The input, params and signature functions are in common.smk.
+# them alone. The input, params and signature functions are in study_inputs.smk.
 from pipeline_src.plan.privacy import (
     PROTOCOLS,
     private_evaluation_targets,

@@ -25,7 +25,7 @@ rule validate:
         run_job(rule, input, output, params, wildcards, threads, resources, log, config, conda_env)
 
 
-# A checkpoint: the jobs at a selected point take its record as input (common.smk, `selected_point`).
+# A checkpoint: the jobs at a selected point take its record as input (inputs.smk, `selected_point`).
 checkpoint select:
     input:
         validation=lambda w: validation_targets(config, R, w.method),
